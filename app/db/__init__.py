@@ -1,0 +1,1 @@
+"""Postgres access: URLs, connections, error translation, provisioning and migrations."""

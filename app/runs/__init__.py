@@ -1,0 +1,1 @@
+"""The run state machine and its store (snapshot + history, changed in one transaction)."""
