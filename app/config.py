@@ -12,7 +12,7 @@ import socket
 import uuid
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from pydantic import AliasChoices, Field, ValidationError, field_validator
@@ -29,7 +29,7 @@ class _YamlSource(PydanticBaseSettingsSource):
     """dbos-config.yaml, read with the lowest priority: env variables override it."""
 
     # yaml key -> settings field; keys not listed are DBOS CLI keys we do not use.
-    _KEYS = {
+    _KEYS: ClassVar[dict[str, str]] = {
         "name": "app_name",
         "application_version": "application_version",
         "system_database_url": "database_url",

@@ -63,7 +63,7 @@ def import_pgserver() -> Any:
     """Import pgserver; it warns at import time when XDG_RUNTIME_DIR is unset, which is noise."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pgserver  # type: ignore[import-untyped]
+        import pgserver
     return pgserver
 
 

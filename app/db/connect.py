@@ -28,9 +28,9 @@ def connect(url: str, *, autocommit: bool = False) -> Conn:
         return psycopg.connect(url, autocommit=autocommit, row_factory=dict_row)
 
 
-def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "ledgerloop") -> (
-    ConnectionPool[Conn]
-):
+def make_pool(
+    url: str, *, min_size: int = 1, max_size: int = 10, name: str = "ledgerloop"
+) -> ConnectionPool[Conn]:
     """A pool that opens lazily-checked connections with dict rows."""
     url = validate_url(url)
     pool: ConnectionPool[Conn] = ConnectionPool(

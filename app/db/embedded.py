@@ -24,11 +24,11 @@ def start_embedded(pgdata: Path) -> str:
     pgdata.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(pgdata.resolve(), cleanup_mode=None)
     admin_url: str = server.get_uri()
-    with translated(admin_url, "creating the embedded database"):
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
-            ).fetchone()
-            if exists is None:
-                conn.execute(f'CREATE DATABASE "{DATABASE}"')
+    with (
+        translated(admin_url, "creating the embedded database"),
+        psycopg.connect(admin_url, autocommit=True) as conn,
+    ):
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,))
+        if exists.fetchone() is None:
+            conn.execute(f'CREATE DATABASE "{DATABASE}"')
     return with_database(admin_url, DATABASE)

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import psycopg
 import psycopg.errors
+import sqlalchemy.exc
 
 from app.errors import LedgerloopError
 
@@ -49,7 +50,13 @@ def translated(url: str, action: str) -> Iterator[None]:
     """Turn driver errors met while doing `action` against `url` into LedgerloopErrors."""
     target = describe_target(url)
     try:
-        yield
+        try:
+            yield
+        except sqlalchemy.exc.DBAPIError as wrapped:
+            # SQLAlchemy (DBOS, alembic) wraps the driver's error; judge the driver's own.
+            if isinstance(wrapped.orig, psycopg.Error):
+                raise wrapped.orig from wrapped
+            raise
     except psycopg.errors.InsufficientPrivilege as exc:
         raise DatabasePrivilegeError(
             f"{action} on {target} was refused: {_first_line(exc)}",
@@ -66,8 +73,7 @@ def translated(url: str, action: str) -> Iterator[None]:
         if "does not exist" in text and "database" in text:
             raise DatabaseMissing(
                 f"database {target} does not exist",
-                fix="create it (createdb) or point LEDGERLOOP_DATABASE_URL at an existing "
-                "database",
+                fix="create it (createdb) or point LEDGERLOOP_DATABASE_URL at an existing database",
             ) from exc
         if "permission denied" in text:
             raise DatabasePrivilegeError(

@@ -8,16 +8,17 @@ lock" fallback; a migration racing another is how schemas get corrupted.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
+from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from alembic import command
-from app.db.connect import connect
+from app.db.connect import Conn, connect
 from app.db.errors import SchemaOutdated, translated
 from app.db.url import sqlalchemy_url
 
@@ -78,13 +79,27 @@ def ensure_current(url: str) -> None:
         )
 
 
+def _wait_for_lock(conn: Conn) -> None:
+    """Wait for the migration lock by polling pg_try_advisory_lock.
+
+    A blocking pg_advisory_lock would keep a snapshot open while it waits, and DBOS's
+    CREATE INDEX CONCURRENTLY migrations wait for every older snapshot: the holder and the
+    waiters would then wait on each other forever.
+    """
+    while True:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s) AS locked", (LOCK_KEY,)).fetchone()
+        if row and row["locked"]:
+            return
+        time.sleep(0.1)
+
+
 def upgrade(url: str) -> bool:
     """Install or upgrade DBOS's schema and ours. Returns whether anything changed."""
     from dbos import DBOS
 
     with connect(url, autocommit=True) as lock_conn:
         with translated(url, "taking the migration lock"):
-            lock_conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
+            _wait_for_lock(lock_conn)
         try:
             before = schema_state(url)
             if before.up_to_date:

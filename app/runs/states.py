@@ -23,9 +23,7 @@ S = RunStatus
 #: from -> the statuses it may move to. Everything not listed is refused.
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     S.RECEIVED: frozenset({S.PLANNING, S.FAILED, S.CANCELLED}),
-    S.PLANNING: frozenset(
-        {S.EXECUTING, S.AWAITING_APPROVAL, S.SUCCEEDED, S.FAILED, S.CANCELLED}
-    ),
+    S.PLANNING: frozenset({S.EXECUTING, S.AWAITING_APPROVAL, S.SUCCEEDED, S.FAILED, S.CANCELLED}),
     # approved -> executing; rejected with on_reject=continue -> planning;
     # rejected with on_reject=cancel, or expired with on_timeout=cancel -> cancelled.
     S.AWAITING_APPROVAL: frozenset({S.EXECUTING, S.PLANNING, S.CANCELLED, S.FAILED}),

@@ -36,7 +36,7 @@ class StaleRun(LedgerloopError):
 
     retryable = True
 
-    def __init__(self, run_id: uuid.UUID, expected: int, current: "Run") -> None:
+    def __init__(self, run_id: uuid.UUID, expected: int, current: Run) -> None:
         self.current = current
         super().__init__(
             f"run {run_id} is at version {current.version} ({current.status.value}), "

@@ -97,8 +97,6 @@ def upgrade() -> None:
             "USING (tenant_id = ledgerloop.current_tenant()) "
             "WITH CHECK (tenant_id = ledgerloop.current_tenant())"
         )
-        op.execute(
-            f"GRANT SELECT, INSERT, UPDATE ON ledgerloop.{table} TO ledgerloop_tenant"
-        )
+        op.execute(f"GRANT SELECT, INSERT, UPDATE ON ledgerloop.{table} TO ledgerloop_tenant")
     op.execute("GRANT USAGE ON SCHEMA ledgerloop TO ledgerloop_tenant")
     op.execute("GRANT EXECUTE ON FUNCTION ledgerloop.current_tenant() TO ledgerloop_tenant")

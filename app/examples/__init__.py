@@ -1,0 +1,1 @@
+"""Example downstream services used by demos, integration and crash tests."""

@@ -1,0 +1,1 @@
+"""Model access: the Anthropic client wrapper, model tiers and the scripted Messages API server."""

@@ -1,0 +1,43 @@
+"""GenAI telemetry for Ledgerloop: spans, metrics and opt-in content events.
+
+Names live in ``semconv``; the span API in ``spans``; provider setup in ``setup``. See
+docs/observability.md.
+"""
+
+from app.telemetry.content import CaptureMode
+from app.telemetry.semconv import SCHEMA_URL
+from app.telemetry.setup import configure_telemetry
+from app.telemetry.spans import (
+    AgentInvocation,
+    ChatRecorder,
+    McpCall,
+    Telemetry,
+    ToolRecorder,
+    agent_span,
+    chat_span,
+    empty_turn,
+    get_telemetry,
+    set_telemetry,
+    span_context_from_dict,
+    span_context_to_dict,
+    tool_span,
+)
+
+__all__ = [
+    "SCHEMA_URL",
+    "AgentInvocation",
+    "CaptureMode",
+    "ChatRecorder",
+    "McpCall",
+    "Telemetry",
+    "ToolRecorder",
+    "agent_span",
+    "chat_span",
+    "configure_telemetry",
+    "empty_turn",
+    "get_telemetry",
+    "set_telemetry",
+    "span_context_from_dict",
+    "span_context_to_dict",
+    "tool_span",
+]

@@ -1,0 +1,266 @@
+"""Export over real OTLP/HTTP to a loopback receiver, and provider setup from the environment."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from app.telemetry import semconv as sc
+from app.telemetry.content import CaptureMode
+from app.telemetry.setup import GRPC_PACKAGE, build_providers
+from app.telemetry.spans import McpCall, Telemetry, agent_span, chat_span, tool_span
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Receiver(ThreadingHTTPServer):
+    """A minimal OTLP/HTTP collector: keeps every POST body by path."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.bodies: dict[str, list[bytes]] = {}
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def traces(self) -> list[ExportTraceServiceRequest]:
+        with self.lock:
+            bodies = list(self.bodies.get("/v1/traces", []))
+        return [ExportTraceServiceRequest.FromString(body) for body in bodies]
+
+    def span_names(self) -> set[str]:
+        return {
+            span.name
+            for request in self.traces()
+            for resource in request.resource_spans
+            for scope in resource.scope_spans
+            for span in scope.spans
+        }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        with self.server.lock:
+            self.server.bodies.setdefault(self.path, []).append(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:  # keep test output clean
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def test_spans_reach_a_real_otlp_http_receiver(receiver: Receiver) -> None:
+    provider = TracerProvider(shutdown_on_exit=False)
+    # Simple processor: each span is POSTed before end() returns, so no waiting is needed.
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces"))
+    )
+    tel = Telemetry(tracer_provider=provider, capture=CaptureMode.NO_CONTENT)
+    with agent_span("ops-agent", "run-1", telemetry=tel):
+        with chat_span(
+            "claude-sonnet-4-6",
+            server_address="api.anthropic.com",
+            server_port=443,
+            run_id="run-1",
+            step_name="think-0",
+            telemetry=tel,
+        ) as chat:
+            chat.record_response({"stop_reason": "tool_use"})
+        with tool_span(
+            "write_ticket",
+            "toolu_1",
+            run_id="run-1",
+            step_name="act-0",
+            mcp=McpCall(),
+            telemetry=tel,
+        ):
+            pass
+    provider.shutdown()
+
+    assert receiver.span_names() == {
+        "invoke_agent ops-agent",
+        "chat claude-sonnet-4-6",
+        "execute_tool write_ticket",
+    }
+    scopes = [
+        scope
+        for request in receiver.traces()
+        for resource in request.resource_spans
+        for scope in resource.scope_spans
+    ]
+    assert {scope.schema_url for scope in scopes} == {sc.SCHEMA_URL}
+    tool = next(s for scope in scopes for s in scope.spans if s.name.startswith("execute_tool"))
+    attrs = {kv.key: kv.value.string_value for kv in tool.attributes}
+    assert attrs[sc.MCP_METHOD_NAME] == "tools/call"
+    assert attrs[sc.LEDGERLOOP_RUN_ID] == "run-1"
+
+
+CHILD = textwrap.dedent(
+    """
+    from app.telemetry import agent_span, chat_span, configure_telemetry, empty_turn, tool_span
+
+    configure_telemetry(console=False)
+    configure_telemetry(console=False)  # twice is harmless
+    with agent_span("ops-agent", "run-9"):
+        with chat_span("m-1", server_address=None, server_port=None, run_id="run-9",
+                       step_name="think-0") as chat:
+            chat.record_response({"usage": {"input_tokens": 3, "output_tokens": 1}})
+        with tool_span("search_kb", "c1", run_id="run-9", step_name="act-0"):
+            pass
+    empty_turn("ops-agent", "m-1")
+    print("done")
+    """
+)
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(extra)
+    return env
+
+
+def _run_child(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # A fresh interpreter: global providers can be set only once per process.
+    return subprocess.run(
+        [sys.executable, "-W", "error", "-c", CHILD],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_configure_telemetry_exports_over_otlp_http(receiver: Receiver) -> None:
+    env = _child_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_SERVICE_NAME="ll-test")
+    result = _run_child(env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert result.stderr == ""
+    # Batch processor and periodic reader flush at interpreter exit.
+    assert receiver.span_names() == {
+        "invoke_agent ops-agent",
+        "chat m-1",
+        "execute_tool search_kb",
+    }
+    (request,) = receiver.traces()
+    resource = {
+        kv.key: kv.value.string_value for kv in request.resource_spans[0].resource.attributes
+    }
+    assert resource["service.name"] == "ll-test"
+    with receiver.lock:
+        metric_bodies = list(receiver.bodies.get("/v1/metrics", []))
+    names = {
+        metric.name
+        for body in metric_bodies
+        for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics
+        for scope in rm.scope_metrics
+        for metric in scope.metrics
+    }
+    assert {
+        "gen_ai.invoke_agent.duration",
+        "gen_ai.client.token.usage",
+        "gen_ai.execute_tool.duration",
+        "ledgerloop.agent.empty_turns",
+    } <= names
+
+
+def test_grpc_protocol_is_a_clear_error_not_a_crash() -> None:
+    env = _child_env(
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4317", OTEL_EXPORTER_OTLP_PROTOCOL="grpc"
+    )
+    result = _run_child(env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert GRPC_PACKAGE in result.stderr
+    assert "http/protobuf" in result.stderr
+
+
+def test_build_providers_from_environment() -> None:
+    nothing = build_providers("ledgerloop", console=False, environ={})
+    assert (nothing.tracer_provider, nothing.meter_provider, nothing.logger_provider) == (
+        None,
+        None,
+        None,
+    )
+    assert nothing.problems == []
+
+    console = build_providers("ledgerloop", console=True, environ={"OTEL_SERVICE_NAME": "svc"})
+    assert console.tracer_provider is not None
+    assert console.logger_provider is not None
+    assert console.meter_provider is None  # metrics only go to a backend
+    assert console.tracer_provider.resource.attributes["service.name"] == "svc"
+    console.tracer_provider.shutdown()
+    console.logger_provider.shutdown()
+
+    disabled = build_providers(
+        "ledgerloop",
+        console=True,
+        environ={"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"},
+    )
+    assert disabled.tracer_provider is None
+    assert disabled.logger_provider is None
+
+    grpc = build_providers(
+        "ledgerloop",
+        console=False,
+        environ={
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x:4317",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+        },
+    )
+    assert grpc.tracer_provider is None
+    (problem,) = grpc.problems
+    assert GRPC_PACKAGE in problem
+
+    json = build_providers(
+        "ledgerloop",
+        console=False,
+        environ={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+        },
+    )
+    assert json.tracer_provider is None
+    assert json.meter_provider is None
+    assert len(json.problems) == 1  # said once, not once per signal
