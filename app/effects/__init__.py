@@ -1,0 +1,1 @@
+"""Effects: the ledger, the transactional outbox, the relay and the reconciler."""
