@@ -22,7 +22,7 @@ from app.config import DEFAULT_TENANT
 from app.db.connect import Conn
 from app.db.sql import load_queries
 from app.errors import LedgerloopError
-from app.runs.states import InvalidTransition, RunStatus, check_move
+from app.runs.states import TERMINAL, InvalidTransition, RunStatus, check_move
 
 Q = load_queries("app.runs")
 
@@ -202,6 +202,41 @@ def _classify(
     raise StaleRun(seen.id, seen.version, current)
 
 
+class RunStopped(LedgerloopError):
+    """The run reached a terminal state (it was cancelled, or it already finished)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        super().__init__(f"run {run.id} is {run.status.value}")
+
+
+def run_ensure_status(
+    conn: Conn,
+    run_id: uuid.UUID,
+    target: RunStatus,
+    event_type: str,
+    payload: dict[str, Any] | None = None,
+    state_patch: dict[str, Any] | None = None,
+) -> Run:
+    """Bring the run to `target` unless it is already there; safe to repeat after a crash.
+
+    Workflow steps are at-least-once, so a step that moved the run and died before its
+    checkpoint runs again: finding the run already at `target` is then success, not an
+    error. A run that became terminal underneath (cancelled) raises RunStopped.
+    """
+    for _ in range(5):
+        run = run_require(conn, run_id)
+        if run.status == target:
+            return run
+        if run.status in TERMINAL:
+            raise RunStopped(run)
+        try:
+            return run_transition(conn, run, target, event_type, payload, state_patch).run
+        except StaleRun:
+            continue  # someone else moved it (a cancel request); judge again from the top
+    raise StaleRun(run_id, run.version, run_require(conn, run_id))
+
+
 def run_events(conn: Conn, run_id: uuid.UUID) -> list[RunEvent]:
     rows = conn.execute(Q["run_events"], {"run_id": run_id}).fetchall()
     return [RunEvent(**row) for row in rows]
@@ -223,9 +258,11 @@ __all__ = [
     "Run",
     "RunEvent",
     "RunNotFound",
+    "RunStopped",
     "StaleRun",
     "Transition",
     "run_create",
+    "run_ensure_status",
     "run_events",
     "run_get",
     "run_list",

@@ -56,6 +56,8 @@ def upgrade() -> None:
         CREATE TABLE ledgerloop.executor (
           id text PRIMARY KEY,
           application_version text NOT NULL,
+          hostname text NOT NULL,
+          pid int NOT NULL,
           started_at timestamptz NOT NULL DEFAULT now(),
           heartbeat_at timestamptz NOT NULL DEFAULT now()
         )

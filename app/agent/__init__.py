@@ -1,0 +1,1 @@
+"""The durable agent loop: think, act, wait and memory steps on DBOS."""

@@ -1,0 +1,1 @@
+"""Tools: the registry and decorator, the policy file, error classes, payload offload."""

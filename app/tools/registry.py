@@ -1,0 +1,104 @@
+"""Tools as the model sees them (name, description, JSON schema) and as Ledgerloop runs them.
+
+A read tool runs inline in its step. A write tool is a declared HTTP effect: the step only
+records the effect and its outbox row, and the relay delivers it with an idempotency key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class ToolKind(StrEnum):
+    READ = "read"
+    WRITE = "write"
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool handler may know about the call."""
+
+    run_id: str
+    tool_call_id: str
+    tenant_id: str
+    idempotency_key: str
+
+
+@dataclass(frozen=True)
+class HttpEffect:
+    """How the relay delivers a write tool's effect, and how the reconciler checks on it.
+
+    `lookup_path` is a template with `{key}` (the idempotency key); `honours_idempotency` says
+    whether a resend with the same key is safe. Neither means an unknown outcome needs a human.
+    """
+
+    destination: str
+    method: str
+    path: str
+    honours_idempotency: bool = False
+    lookup_path: str | None = None
+    compensate_path: str | None = None
+
+
+ReadHandler = Callable[[Any, ToolContext], Awaitable[Any]]
+BodyBuilder = Callable[[Any], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_model: type[BaseModel]
+    kind: ToolKind
+    handler: ReadHandler | None = None
+    effect: HttpEffect | None = None
+    body: BodyBuilder | None = None
+    preview: Callable[[Any], str] | None = field(default=None)
+
+    def schema(self) -> dict[str, Any]:
+        """The tool definition in the Messages API's format."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_model.model_json_schema(),
+        }
+
+
+def read_tool(
+    name: str, description: str, input_model: type[BaseModel]
+) -> Callable[[ReadHandler], Tool]:
+    """Decorate an async `handler(args, ctx)` into a read tool."""
+
+    def wrap(handler: ReadHandler) -> Tool:
+        return Tool(name, description, input_model, ToolKind.READ, handler=handler)
+
+    return wrap
+
+
+def write_tool(
+    name: str,
+    description: str,
+    input_model: type[BaseModel],
+    effect: HttpEffect,
+    *,
+    preview: Callable[[Any], str] | None = None,
+) -> Callable[[BodyBuilder], Tool]:
+    """Decorate `body(args) -> JSON body` into a write tool delivered as `effect`."""
+
+    def wrap(body: BodyBuilder) -> Tool:
+        return Tool(
+            name,
+            description,
+            input_model,
+            ToolKind.WRITE,
+            effect=effect,
+            body=body,
+            preview=preview,
+        )
+
+    return wrap
