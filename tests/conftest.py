@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from app.config import Settings, load_settings
 from app.db.connect import Conn, connect
-from app.testing.postgres import DatabaseFactory, PostgresServer, postgres_server
+from app.models.script import parse_script
+from app.models.scripted_server import ScriptedModelServer
+from app.runs.states import TERMINAL
+from app.runs.store import Run, run_require
+from app.testing.postgres import DatabaseFactory, PostgresServer, postgres_server, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +43,53 @@ def db_url(db_factory: DatabaseFactory) -> Iterator[str]:
 def conn(db_url: str) -> Iterator[Conn]:
     with connect(db_url, autocommit=True) as connection:
         yield connection
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def make_settings(db_url: str, tmp_path: Path) -> Callable[..., Settings]:
+    """Settings for a worker on this test's database; keyword arguments override fields."""
+
+    def make(**overrides: Any) -> Settings:
+        base: dict[str, Any] = {
+            "database_url": db_url,
+            "home": tmp_path / ".ledgerloop",
+            "policy_file": REPO / "tool_policy.yaml",
+            "queue_poll_s": 0.02,
+        }
+        return load_settings(**{**base, **overrides})
+
+    return make
+
+
+@pytest.fixture
+def scripted_model() -> Iterator[Callable[[str], ScriptedModelServer]]:
+    """Start a scripted Messages API server from YAML text; stopped after the test."""
+    servers: list[ScriptedModelServer] = []
+
+    def start(text: str) -> ScriptedModelServer:
+        server = ScriptedModelServer(parse_script(text)).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def start_test_run(conn: Conn, agent: str, message: str, **input_extra: Any) -> uuid.UUID:
+    from app.runs.start import start_run
+
+    return start_run(conn, agent=agent, input={"message": message, **input_extra})
+
+
+def wait_terminal(conn: Conn, run_id: uuid.UUID, timeout: float = 30) -> Run:
+    def done() -> Run | None:
+        run = run_require(conn, run_id)
+        return run if run.status in TERMINAL else None
+
+    result = wait_until(done, timeout=timeout)
+    assert isinstance(result, Run)
+    return result

@@ -1,0 +1,94 @@
+"""Agents and tools the tests run (also imported by worker subprocesses in crash tests)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from app.agent.definition import Agent, register_agent
+from app.models.client import Tier
+from app.tools.errors import PolicyDenied, ToolTimeout
+from app.tools.registry import ToolContext, read_tool
+
+
+class EchoArgs(BaseModel):
+    text: str = Field(max_length=1000)
+
+
+def _count(name: str) -> None:
+    """Append a line per real execution, so tests across processes can count them."""
+    path = os.environ.get("LEDGERLOOP_TEST_TOOL_LOG")
+    if path:
+        with Path(path).open("a") as log:
+            log.write(name + "\n")
+
+
+@read_tool("echo", "Echo the text back.", EchoArgs)
+async def echo(args: EchoArgs, ctx: ToolContext) -> str:
+    _count(f"echo:{ctx.tool_call_id}")
+    return f"echo: {args.text}"
+
+
+class SizeArgs(BaseModel):
+    kib: int = Field(ge=1, le=4096)
+
+
+@read_tool("big_output", "Return a large document of the given size.", SizeArgs)
+async def big_output(args: SizeArgs, ctx: ToolContext) -> str:
+    return "x" * (args.kib * 1024)
+
+
+FLAKY_CALLS: dict[str, int] = {}
+
+
+class FlakyArgs(BaseModel):
+    key: str
+    fail_times: int = Field(ge=0, le=10)
+
+
+@read_tool("flaky", "Times out fail_times times, then answers.", FlakyArgs)
+async def flaky(args: FlakyArgs, ctx: ToolContext) -> str:
+    FLAKY_CALLS[args.key] = FLAKY_CALLS.get(args.key, 0) + 1
+    if FLAKY_CALLS[args.key] <= args.fail_times:
+        raise ToolTimeout(f"attempt {FLAKY_CALLS[args.key]} timed out")
+    return f"ok after {FLAKY_CALLS[args.key]} attempts"
+
+
+class DenyArgs(BaseModel):
+    key: str
+
+
+@read_tool("denied", "Always refused by policy.", DenyArgs)
+async def denied(args: DenyArgs, ctx: ToolContext) -> Any:
+    FLAKY_CALLS[args.key] = FLAKY_CALLS.get(args.key, 0) + 1
+    raise PolicyDenied("not allowed for this tenant")
+
+
+LOOPER = register_agent(
+    Agent(
+        name="looper",
+        system="Test agent.",
+        tools=(echo, big_output, flaky, denied),
+    )
+)
+
+
+def _must_mention_pg_wal(text: str) -> str | None:
+    return None if "pg_wal" in text else "the answer must name pg_wal"
+
+
+PICKY = register_agent(
+    Agent(
+        name="picky",
+        system="Test agent whose answers are checked.",
+        tools=(echo,),
+        validate_answer=_must_mention_pg_wal,
+    )
+)
+
+STRONG_ONLY = register_agent(
+    Agent(name="strong_only", system="Test agent on the strong tier.", tools=(echo,), tier=Tier.STRONG)
+)
