@@ -83,6 +83,8 @@ class Settings(BaseSettings):
     payload_offload_bytes: int = Field(default=64 * 1024, ge=1024)
 
     policy_file: Path = Path("tool_policy.yaml")
+    #: Named base URLs write tools deliver to; overrides the policy file's `destinations`.
+    destinations: dict[str, str] = Field(default_factory=dict)
     agent_modules: tuple[str, ...] = ()
 
     http_host: str = "127.0.0.1"

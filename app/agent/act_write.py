@@ -1,0 +1,285 @@
+"""The write path of the loop: approval (when the policy asks), then the effect, then its outcome.
+
+    approve-{i}-{call_id}        approval record + awaiting_approval        (a step)
+      wait approval:{id}         durable; no thread held                     (DBOS recv)
+    tool-{i}-{call_id}           hash re-check + effect + outbox, one txn    (a step)
+      wait {idempotency key}     the relay / reconciler / a person answers   (DBOS recv)
+    reconcile-{i}-{call_id}-{n}  reconciling, while the outcome is unknown   (a step)
+
+The action hash is computed inside steps (it includes the policy version, which a deploy may
+change), and the tool step refuses to record an effect whose hash differs from the approved
+one: what runs is exactly what was approved.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from dbos import DBOS
+from pydantic import ValidationError
+
+from app.agent import steps
+from app.agent.steps import CODE_STEP, tool_result
+from app.approvals.preview import render_preview
+from app.approvals.store import approval_expire, approval_request, approval_topic
+from app.db.connect import Conn
+from app.effects.hashing import idempotency_key, request_hash
+from app.effects.ledger import effect_begin
+from app.effects.messages import DeliveryRequest, EffectStatus, parse_message
+from app.faults import hit
+from app.runs.states import RunStatus
+from app.runs.store import run_ensure_status
+from app.runtime import get_runtime
+from app.telemetry import tool_span
+from app.tools.policy import OnReject, OnTimeout
+from app.tools.registry import Tool
+
+if TYPE_CHECKING:
+    from app.agent.loop import AgentLoop
+
+
+def _target(tool: Tool) -> str:
+    assert tool.effect is not None
+    return f"{tool.effect.method} {tool.effect.destination}{tool.effect.path}"
+
+
+def _action(tool: Tool, call: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The validated body and its hash; raises ValidationError for bad arguments."""
+    assert tool.body is not None
+    args = tool.input_model.model_validate(call.get("input") or {})
+    body = tool.body(args)
+    policy_version = get_runtime().policy.version
+    return body, request_hash(tool.name, body, _target(tool), policy_version)
+
+
+# -- step bodies (at least once; idempotent) ------------------------------------------------
+
+
+async def request_approval(
+    run_id: str, tenant_id: str, deadline: float, tool_name: str, call: dict[str, Any]
+) -> dict[str, Any]:
+    rt = get_runtime()
+    tool = _tool(run_id, tool_name)
+    policy = rt.policy.for_tool(tool_name)
+    try:
+        body, action_hash = _action(tool, call)
+    except ValidationError as exc:
+        return {"invalid": f"invalid arguments for {tool_name}: {exc}"}
+    now = time.time()
+    # keep_waiting: the approval stays open as long as the run may live.
+    expires = deadline if policy.on_timeout is OnTimeout.KEEP_WAITING else now + policy.approval_ttl_s
+    expires = min(expires, deadline)
+    preview = render_preview(tool_name, body, {"version": rt.policy.version})
+
+    def record(conn: Conn) -> dict[str, Any]:
+        with conn.transaction():
+            approval = approval_request(
+                conn,
+                run_id=uuid.UUID(run_id),
+                tenant_id=uuid.UUID(tenant_id),
+                tool=tool_name,
+                tool_call_id=str(call["id"]),
+                action_hash=action_hash,
+                preview=preview,
+                policy_version=rt.policy.version,
+                required_roles=policy.approver_roles,
+                expires_at=datetime.fromtimestamp(expires, UTC),
+            )
+            run_ensure_status(
+                conn, uuid.UUID(run_id), RunStatus.AWAITING_APPROVAL, "approval_requested",
+                {"approval_id": str(approval.id), "tool": tool_name,
+                 "tool_call_id": str(call["id"]), "action_hash": action_hash},
+            )
+        return {
+            "approval_id": str(approval.id),
+            "action_hash": action_hash,
+            "expires_at": approval.expires_at.timestamp() if approval.expires_at else expires,
+            "now": now,
+        }
+
+    result: dict[str, Any] = await steps._db(record)
+    return result
+
+
+async def expire_approval(run_id: str, approval_id: str) -> dict[str, Any]:
+    def expire(conn: Conn) -> dict[str, Any]:
+        approval = approval_expire(conn, uuid.UUID(approval_id))
+        return {"status": str(approval.status)}
+
+    result: dict[str, Any] = await steps._db(expire)
+    return result
+
+
+async def record_effect(
+    run_id: str,
+    tenant_id: str,
+    step_name: str,
+    tool_name: str,
+    call: dict[str, Any],
+    approved_hash: str | None,
+) -> dict[str, Any]:
+    rt = get_runtime()
+    tool = _tool(run_id, tool_name)
+    assert tool.effect is not None
+    call_id = str(call["id"])
+    key = idempotency_key(run_id, call_id)
+    policy = rt.policy.for_tool(tool_name)
+    with tool_span(
+        tool_name, call_id, run_id=run_id, step_name=step_name, idempotency_key=key
+    ) as span:
+        try:
+            body, action_hash = _action(tool, call)
+        except ValidationError as exc:
+            span.record_error("InvalidArguments", "arguments failed validation")
+            return {"result": tool_result(call_id, f"invalid arguments for {tool_name}: {exc}",
+                                          is_error=True)}
+        if approved_hash is not None and action_hash != approved_hash:
+            span.record_error("ApprovalMismatch", "action changed after approval")
+            return {"result": tool_result(
+                call_id,
+                f"refused: the action's hash {action_hash} differs from the approved "
+                f"{approved_hash}; a changed action needs a new approval",
+                is_error=True,
+            )}
+        delivery = DeliveryRequest(
+            path=tool.effect.path,
+            method=tool.effect.method,
+            body=body,
+            idempotency_header=policy.idempotency_header,
+            honours_idempotency=tool.effect.honours_idempotency,
+            lookup_path=tool.effect.lookup_path,
+            timeout_ms=policy.timeout_ms,
+            max_attempts=policy.max_retries + 1,
+            deadline_s=policy.deadline_s,
+        )
+
+        def record(conn: Conn) -> dict[str, Any]:
+            # The effect, its outbox row and the run's move to executing commit together.
+            with conn.transaction():
+                run_ensure_status(
+                    conn, uuid.UUID(run_id), RunStatus.EXECUTING, "executing",
+                    {"tool_call_id": call_id, "idempotency_key": key},
+                )
+                effect = effect_begin(
+                    conn,
+                    key=key,
+                    run_id=uuid.UUID(run_id),
+                    tenant_id=uuid.UUID(tenant_id),
+                    tool=tool_name,
+                    request_hash=action_hash,
+                    destination=tool.effect.destination,  # type: ignore[union-attr]
+                    request=delivery,
+                )
+            return {"key": effect.key, "status": str(effect.status)}
+
+        recorded: dict[str, Any] = await steps._db(record)
+        span.set_effect_status(recorded["status"])
+        return recorded
+
+
+def _tool(run_id: str, name: str) -> Tool:
+    from app.agent.definition import agents
+
+    for agent in agents().values():
+        tool = agent.tool(name)
+        if tool is not None:
+            return tool
+    raise LookupError(f"tool {name!r} is not registered in this worker (run {run_id})")
+
+
+# -- orchestration (workflow code: deterministic, reads only step results) -------------------
+
+
+async def act_write(loop: AgentLoop, i: int, call: dict[str, Any], tool: Tool) -> dict[str, Any]:
+    from app.agent.loop import _step
+
+    call_id = str(call["id"])
+    policy = get_runtime().policy.for_tool(tool.name)
+    approved_hash: str | None = None
+    if policy.requires_approval:
+        outcome = await _await_approval(loop, i, call, tool, policy)
+        if "result" in outcome or "stop" in outcome:
+            return outcome
+        approved_hash = outcome["action_hash"]
+    name = f"tool-{i}-{call_id}"
+    recorded: dict[str, Any] = await _step(
+        name, CODE_STEP, record_effect, loop.run_id, loop.tenant_id, name, tool.name, call,
+        approved_hash,
+    )
+    if "result" in recorded:
+        return recorded
+    hit("loop.after_effect_recorded")
+    return await _await_effect(loop, i, call_id, recorded["key"])
+
+
+async def _await_approval(
+    loop: AgentLoop, i: int, call: dict[str, Any], tool: Tool, policy: Any
+) -> dict[str, Any]:
+    from app.agent.loop import _step
+
+    call_id = str(call["id"])
+    asked: dict[str, Any] = await _step(
+        f"approve-{i}-{call_id}", CODE_STEP, request_approval, loop.run_id, loop.tenant_id,
+        loop.deadline, tool.name, call,
+    )
+    if "invalid" in asked:
+        return {"result": tool_result(call_id, asked["invalid"], is_error=True)}
+    timeout = max(0.0, asked["expires_at"] - asked["now"])
+    message = await DBOS.recv_async(approval_topic(uuid.UUID(asked["approval_id"])), timeout)
+    if message is None:
+        await _step(
+            f"approve-{i}-{call_id}-expired", CODE_STEP, expire_approval, loop.run_id,
+            asked["approval_id"],
+        )
+        if asked["expires_at"] >= loop.deadline:
+            return {"stop": (await loop._finish(RunStatus.FAILED, "deadline_exceeded", {}))["status"]}
+        return {"stop": (await loop._finish(
+            RunStatus.CANCELLED, "approval_expired", {"approval_id": asked["approval_id"]}
+        ))["status"]}
+    decision = dict(message)
+    if decision.get("decision") == "approved" and decision.get("action_hash") == asked["action_hash"]:
+        return {"action_hash": asked["action_hash"]}
+    reason = decision.get("reason") or "no reason given"
+    who = decision.get("decided_by") or "an approver"
+    if policy.on_reject is OnReject.CANCEL:
+        return {"stop": (await loop._finish(
+            RunStatus.CANCELLED, "approval_rejected",
+            {"approval_id": asked["approval_id"], "reason": reason},
+        ))["status"]}
+    await _step(
+        f"approve-{i}-{call_id}-rejected", CODE_STEP, steps.transition, loop.run_id,
+        RunStatus.PLANNING.value, "approval_rejected",
+        {"approval_id": asked["approval_id"], "reason": reason},
+    )
+    text = f"rejected by {who}: {reason}"
+    return {"result": tool_result(call_id, text, is_error=True)}
+
+
+async def _await_effect(loop: AgentLoop, i: int, call_id: str, key: str) -> dict[str, Any]:
+    from app.agent.loop import _step
+
+    unknown_rounds = 0
+    while True:
+        message = await DBOS.recv_async(key, loop.deadline_remaining())
+        if message is None:
+            return {"stop": (await loop._finish(
+                RunStatus.FAILED, "deadline_exceeded", {"waiting_for_effect": key}
+            ))["status"]}
+        outcome = parse_message(message)
+        status = EffectStatus(outcome["status"])
+        if status is EffectStatus.SUCCEEDED:
+            content = json.dumps(outcome["result"]) if outcome["result"] is not None else "ok"
+            return {"result": tool_result(call_id, content)}
+        if status is EffectStatus.FAILED:
+            return {"result": tool_result(call_id, outcome["error"] or "failed", is_error=True)}
+        # outcome_unknown or needs_human: the run waits in reconciling until it is settled.
+        unknown_rounds += 1
+        await _step(
+            f"reconcile-{i}-{call_id}-{unknown_rounds}", CODE_STEP, steps.transition,
+            loop.run_id, RunStatus.RECONCILING.value, "reconciling",
+            {"idempotency_key": key, "effect_status": status.value},
+        )
