@@ -12,12 +12,18 @@ import socket
 import uuid
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import yaml
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from app.errors import ConfigError
 
@@ -85,7 +91,8 @@ class Settings(BaseSettings):
     policy_file: Path = Path("tool_policy.yaml")
     #: Named base URLs write tools deliver to; overrides the policy file's `destinations`.
     destinations: dict[str, str] = Field(default_factory=dict)
-    agent_modules: tuple[str, ...] = ()
+    # A comma-separated list in the environment, not JSON.
+    agent_modules: Annotated[tuple[str, ...], NoDecode] = ()
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
@@ -144,6 +151,11 @@ def load_settings(**overrides: Any) -> Settings:
     """Read and validate the settings; a bad value is one ConfigError naming the variable."""
     try:
         return Settings(**overrides)
+    except SettingsError as exc:
+        # Raised for values that are not valid JSON where a structure is expected.
+        raise ConfigError(
+            str(exc).splitlines()[0], fix="give the variable a valid JSON value"
+        ) from exc
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "settings"

@@ -102,5 +102,6 @@ async def run_worker(
             log.exception("DBOS.destroy failed")
         with runtime.pool.connection() as conn:
             executor_unregister(conn, settings.executor_id)
+        await runtime.model.client.close()
         runtime.pool.close()
         install(None)

@@ -29,14 +29,18 @@ def worker_env(database_url: str, **extra: str) -> dict[str, str]:
 
 
 def start_worker(env: Mapping[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
-    out = log.open("ab") if log else subprocess.DEVNULL
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "up", "--no-http", *args],
-        env=dict(env),
-        cwd=REPO,
-        stdout=out,
-        stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
-    )
+    out = log.open("ab") if log else None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "up", "--no-http", *args],
+            env=dict(env),
+            cwd=REPO,
+            stdout=out or subprocess.DEVNULL,
+            stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
+        )
+    finally:
+        if out:
+            out.close()  # the child has its own copy of the descriptor
 
 
 def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:

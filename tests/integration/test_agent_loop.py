@@ -11,6 +11,7 @@ import pytest
 from app.db.connect import Conn
 from app.runs.states import RunStatus
 from app.runs.store import run_events
+from app.testing.postgres import wait_until
 from app.testing.worker import WorkerThread
 from tests.conftest import start_test_run, wait_terminal
 from tests.support import agents as test_agents
@@ -36,6 +37,14 @@ def worker(make_settings: Callable[..., Any], db_url: str) -> Iterator[WorkerFac
 
 
 def _steps(conn: Conn, run_id: Any) -> list[str]:
+    # The run's final status commits inside the last step, a moment before DBOS checkpoints
+    # that step and the workflow: wait for DBOS to finish before reading its journal.
+    wait_until(
+        lambda: conn.execute(
+            "SELECT 1 FROM dbos.workflow_status WHERE workflow_uuid = %s AND status = 'SUCCESS'",
+            (str(run_id),),
+        ).fetchone()
+    )
     rows = conn.execute(
         "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s "
         "ORDER BY function_id",
