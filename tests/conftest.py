@@ -92,4 +92,14 @@ def wait_terminal(conn: Conn, run_id: uuid.UUID, timeout: float = 30) -> Run:
 
     result = wait_until(done, timeout=timeout)
     assert isinstance(result, Run)
+    # The status commits inside the run's last step; DBOS checkpoints that step and closes
+    # the workflow a moment later. Wait for that too, so the journal and spans are complete.
+    wait_until(
+        lambda: conn.execute(
+            "SELECT 1 FROM dbos.workflow_status WHERE workflow_uuid = %s "
+            "AND status NOT IN ('PENDING', 'ENQUEUED')",
+            (str(run_id),),
+        ).fetchone(),
+        timeout=timeout,
+    )
     return result

@@ -71,7 +71,9 @@ async def request_approval(
         return {"invalid": f"invalid arguments for {tool_name}: {exc}"}
     now = time.time()
     # keep_waiting: the approval stays open as long as the run may live.
-    expires = deadline if policy.on_timeout is OnTimeout.KEEP_WAITING else now + policy.approval_ttl_s
+    expires = (
+        deadline if policy.on_timeout is OnTimeout.KEEP_WAITING else now + policy.approval_ttl_s
+    )
     expires = min(expires, deadline)
     preview = render_preview(tool_name, body, {"version": rt.policy.version})
 
@@ -90,9 +92,16 @@ async def request_approval(
                 expires_at=datetime.fromtimestamp(expires, UTC),
             )
             run_ensure_status(
-                conn, uuid.UUID(run_id), RunStatus.AWAITING_APPROVAL, "approval_requested",
-                {"approval_id": str(approval.id), "tool": tool_name,
-                 "tool_call_id": str(call["id"]), "action_hash": action_hash},
+                conn,
+                uuid.UUID(run_id),
+                RunStatus.AWAITING_APPROVAL,
+                "approval_requested",
+                {
+                    "approval_id": str(approval.id),
+                    "tool": tool_name,
+                    "tool_call_id": str(call["id"]),
+                    "action_hash": action_hash,
+                },
             )
         return {
             "approval_id": str(approval.id),
@@ -135,16 +144,21 @@ async def record_effect(
             body, action_hash = _action(tool, call)
         except ValidationError as exc:
             span.record_error("InvalidArguments", "arguments failed validation")
-            return {"result": tool_result(call_id, f"invalid arguments for {tool_name}: {exc}",
-                                          is_error=True)}
+            return {
+                "result": tool_result(
+                    call_id, f"invalid arguments for {tool_name}: {exc}", is_error=True
+                )
+            }
         if approved_hash is not None and action_hash != approved_hash:
             span.record_error("ApprovalMismatch", "action changed after approval")
-            return {"result": tool_result(
-                call_id,
-                f"refused: the action's hash {action_hash} differs from the approved "
-                f"{approved_hash}; a changed action needs a new approval",
-                is_error=True,
-            )}
+            return {
+                "result": tool_result(
+                    call_id,
+                    f"refused: the action's hash {action_hash} differs from the approved "
+                    f"{approved_hash}; a changed action needs a new approval",
+                    is_error=True,
+                )
+            }
         delivery = DeliveryRequest(
             path=tool.effect.path,
             method=tool.effect.method,
@@ -161,7 +175,10 @@ async def record_effect(
             # The effect, its outbox row and the run's move to executing commit together.
             with conn.transaction():
                 run_ensure_status(
-                    conn, uuid.UUID(run_id), RunStatus.EXECUTING, "executing",
+                    conn,
+                    uuid.UUID(run_id),
+                    RunStatus.EXECUTING,
+                    "executing",
                     {"tool_call_id": call_id, "idempotency_key": key},
                 )
                 effect = effect_begin(
@@ -207,7 +224,14 @@ async def act_write(loop: AgentLoop, i: int, call: dict[str, Any], tool: Tool) -
         approved_hash = outcome["action_hash"]
     name = f"tool-{i}-{call_id}"
     recorded: dict[str, Any] = await _step(
-        name, CODE_STEP, record_effect, loop.run_id, loop.tenant_id, name, tool.name, call,
+        name,
+        CODE_STEP,
+        record_effect,
+        loop.run_id,
+        loop.tenant_id,
+        name,
+        tool.name,
+        call,
         approved_hash,
     )
     if "result" in recorded:
@@ -223,8 +247,14 @@ async def _await_approval(
 
     call_id = str(call["id"])
     asked: dict[str, Any] = await _step(
-        f"approve-{i}-{call_id}", CODE_STEP, request_approval, loop.run_id, loop.tenant_id,
-        loop.deadline, tool.name, call,
+        f"approve-{i}-{call_id}",
+        CODE_STEP,
+        request_approval,
+        loop.run_id,
+        loop.tenant_id,
+        loop.deadline,
+        tool.name,
+        call,
     )
     if "invalid" in asked:
         return {"result": tool_result(call_id, asked["invalid"], is_error=True)}
@@ -232,27 +262,48 @@ async def _await_approval(
     message = await DBOS.recv_async(approval_topic(uuid.UUID(asked["approval_id"])), timeout)
     if message is None:
         await _step(
-            f"approve-{i}-{call_id}-expired", CODE_STEP, expire_approval, loop.run_id,
+            f"approve-{i}-{call_id}-expired",
+            CODE_STEP,
+            expire_approval,
+            loop.run_id,
             asked["approval_id"],
         )
         if asked["expires_at"] >= loop.deadline:
-            return {"stop": (await loop._finish(RunStatus.FAILED, "deadline_exceeded", {}))["status"]}
-        return {"stop": (await loop._finish(
-            RunStatus.CANCELLED, "approval_expired", {"approval_id": asked["approval_id"]}
-        ))["status"]}
+            return {
+                "stop": (await loop._finish(RunStatus.FAILED, "deadline_exceeded", {}))["status"]
+            }
+        return {
+            "stop": (
+                await loop._finish(
+                    RunStatus.CANCELLED, "approval_expired", {"approval_id": asked["approval_id"]}
+                )
+            )["status"]
+        }
     decision = dict(message)
-    if decision.get("decision") == "approved" and decision.get("action_hash") == asked["action_hash"]:
+    if (
+        decision.get("decision") == "approved"
+        and decision.get("action_hash") == asked["action_hash"]
+    ):
         return {"action_hash": asked["action_hash"]}
     reason = decision.get("reason") or "no reason given"
     who = decision.get("decided_by") or "an approver"
     if policy.on_reject is OnReject.CANCEL:
-        return {"stop": (await loop._finish(
-            RunStatus.CANCELLED, "approval_rejected",
-            {"approval_id": asked["approval_id"], "reason": reason},
-        ))["status"]}
+        return {
+            "stop": (
+                await loop._finish(
+                    RunStatus.CANCELLED,
+                    "approval_rejected",
+                    {"approval_id": asked["approval_id"], "reason": reason},
+                )
+            )["status"]
+        }
     await _step(
-        f"approve-{i}-{call_id}-rejected", CODE_STEP, steps.transition, loop.run_id,
-        RunStatus.PLANNING.value, "approval_rejected",
+        f"approve-{i}-{call_id}-rejected",
+        CODE_STEP,
+        steps.transition,
+        loop.run_id,
+        RunStatus.PLANNING.value,
+        "approval_rejected",
         {"approval_id": asked["approval_id"], "reason": reason},
     )
     text = f"rejected by {who}: {reason}"
@@ -266,9 +317,13 @@ async def _await_effect(loop: AgentLoop, i: int, call_id: str, key: str) -> dict
     while True:
         message = await DBOS.recv_async(key, loop.deadline_remaining())
         if message is None:
-            return {"stop": (await loop._finish(
-                RunStatus.FAILED, "deadline_exceeded", {"waiting_for_effect": key}
-            ))["status"]}
+            return {
+                "stop": (
+                    await loop._finish(
+                        RunStatus.FAILED, "deadline_exceeded", {"waiting_for_effect": key}
+                    )
+                )["status"]
+            }
         outcome = parse_message(message)
         status = EffectStatus(outcome["status"])
         if status is EffectStatus.SUCCEEDED:
@@ -279,7 +334,11 @@ async def _await_effect(loop: AgentLoop, i: int, call_id: str, key: str) -> dict
         # outcome_unknown or needs_human: the run waits in reconciling until it is settled.
         unknown_rounds += 1
         await _step(
-            f"reconcile-{i}-{call_id}-{unknown_rounds}", CODE_STEP, steps.transition,
-            loop.run_id, RunStatus.RECONCILING.value, "reconciling",
+            f"reconcile-{i}-{call_id}-{unknown_rounds}",
+            CODE_STEP,
+            steps.transition,
+            loop.run_id,
+            RunStatus.RECONCILING.value,
+            "reconciling",
             {"idempotency_key": key, "effect_status": status.value},
         )

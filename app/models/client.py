@@ -59,6 +59,10 @@ def make_model_client(settings: Settings) -> ModelClient:
         base_url=base_url,
         max_retries=0,
         timeout=MODEL_CALL_TIMEOUT_S,
+        # Our `chat {model}` span is the one span per model call (with the GenAI attributes,
+        # and never content unless opted in); the SDK's own span would duplicate it.
+        # Trace-context propagation to the API stays on.
+        open_telemetry=False,
     )
     parts = urlsplit(base_url)
     return ModelClient(

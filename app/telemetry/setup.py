@@ -42,7 +42,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 
-from app.telemetry.spans import set_telemetry
+from app.telemetry.spans import reset_default_telemetry
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -161,4 +161,4 @@ def configure_telemetry(service_name: str = "ledgerloop", *, console: bool = Fal
                 _logs.set_logger_provider(providers.logger_provider)
         # The default Telemetry goes through the API's proxies and would follow the new globals
         # anyway; rebuilding it also re-reads the content switch.
-        set_telemetry(None)
+        reset_default_telemetry()

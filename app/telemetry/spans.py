@@ -83,6 +83,9 @@ class Telemetry:
 
 _default: Telemetry | None = None
 _default_lock = threading.Lock()
+#: Set when a caller installed its own Telemetry (tests, embedders): global provider
+#: configuration must not replace it.
+_explicit = False
 
 
 def get_telemetry() -> Telemetry:
@@ -99,9 +102,18 @@ def get_telemetry() -> Telemetry:
 
 def set_telemetry(telemetry: Telemetry | None) -> None:
     """Replace the default (``None``: rebuild from the globals on next use)."""
-    global _default
+    global _default, _explicit
     with _default_lock:
         _default = telemetry
+        _explicit = telemetry is not None
+
+
+def reset_default_telemetry() -> None:
+    """Rebuild the default from the globals on next use, unless one was set explicitly."""
+    global _default
+    with _default_lock:
+        if not _explicit:
+            _default = None
 
 
 # --- shared span plumbing

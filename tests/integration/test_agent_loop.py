@@ -11,7 +11,6 @@ import pytest
 from app.db.connect import Conn
 from app.runs.states import RunStatus
 from app.runs.store import run_events
-from app.testing.postgres import wait_until
 from app.testing.worker import WorkerThread
 from tests.conftest import start_test_run, wait_terminal
 from tests.support import agents as test_agents
@@ -37,14 +36,6 @@ def worker(make_settings: Callable[..., Any], db_url: str) -> Iterator[WorkerFac
 
 
 def _steps(conn: Conn, run_id: Any) -> list[str]:
-    # The run's final status commits inside the last step, a moment before DBOS checkpoints
-    # that step and the workflow: wait for DBOS to finish before reading its journal.
-    wait_until(
-        lambda: conn.execute(
-            "SELECT 1 FROM dbos.workflow_status WHERE workflow_uuid = %s AND status = 'SUCCESS'",
-            (str(run_id),),
-        ).fetchone()
-    )
     rows = conn.execute(
         "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s "
         "ORDER BY function_id",
@@ -81,8 +72,14 @@ def test_two_turn_run_with_a_read_tool(conn: Conn, scripted_model: Any, worker: 
     assert not results[0]["is_error"]
     steps = _steps(conn, run_id)
     call_id = requests[1]["request"]["messages"][1]["content"][0]["id"]
-    assert steps == ["memory-load", "think-0", f"tool-0-{call_id}", "memory-save-0", "think-1",
-                     "memory-save-1"]
+    assert steps == [
+        "memory-load",
+        "think-0",
+        f"tool-0-{call_id}",
+        "memory-save-0",
+        "think-1",
+        "memory-save-1",
+    ]
     events = [e.event_type for e in run_events(conn, run_id)]
     assert events == ["received", "planning", "executing", "tool_results", "succeeded"]
     # The conversation is in our schema, in order, the model's tool_use blocks included.
@@ -91,7 +88,10 @@ def test_two_turn_run_with_a_read_tool(conn: Conn, scripted_model: Any, worker: 
         (run_id,),
     ).fetchall()
     assert [(r["role"], r["turn"]) for r in rows] == [
-        ("user", 0), ("assistant", 0), ("user", 0), ("assistant", 1)
+        ("user", 0),
+        ("assistant", 0),
+        ("user", 0),
+        ("assistant", 1),
     ]
 
 

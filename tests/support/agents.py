@@ -90,5 +90,7 @@ PICKY = register_agent(
 )
 
 STRONG_ONLY = register_agent(
-    Agent(name="strong_only", system="Test agent on the strong tier.", tools=(echo,), tier=Tier.STRONG)
+    Agent(
+        name="strong_only", system="Test agent on the strong tier.", tools=(echo,), tier=Tier.STRONG
+    )
 )

@@ -1,0 +1,72 @@
+"""A run killed mid-way and resumed: the new execution's trace holds only the work it really
+did (no chat or execute_tool span for a step answered from the journal) and links to the
+execution that died. Exported over OTLP/HTTP from real worker processes to a real receiver."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.db.connect import Conn
+from app.runs.states import RunStatus
+from app.testing.processes import worker_env, worker_process
+from tests.conftest import start_test_run, wait_terminal
+from tests.support.otlp import Receiver
+
+pytestmark = pytest.mark.crash
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def test_resumed_run_emits_no_duplicate_spans_and_links_back(
+    conn: Conn, db_url: str, scripted_model: Any, receiver: Receiver, tmp_path: Path
+) -> None:
+    model = scripted_model(
+        """
+        default:
+          turns:
+            - tool_use: {name: echo, input: {text: once}}
+            - text: finished
+        """
+    )
+    env = worker_env(
+        db_url,
+        ANTHROPIC_BASE_URL=model.url,
+        LEDGERLOOP_AGENT_MODULES="tests.support.agents",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    )
+    with worker_process({**env, "LEDGERLOOP_FAULTS": "loop.after_tools"}) as first:
+        run_id = start_test_run(conn, "looper", "echo please")
+        assert first.wait(timeout=60) == -9
+    with worker_process(env):
+        assert wait_terminal(conn, run_id, timeout=60).status is RunStatus.SUCCEEDED
+    # Leaving the block stops the worker with SIGTERM, which flushes its exporters.
+
+    spans = receiver.spans()
+    resumed = [s for s in spans if s.name == "invoke_agent looper" and len(s.links) > 0]
+    assert len(resumed) == 1, [s.name for s in spans]
+    trace = resumed[0].trace_id
+    in_resumed = [s.name for s in spans if s.trace_id == trace]
+    # think-0 and the echo tool ran before the kill; the resumed execution replayed them.
+    assert sorted(in_resumed) == ["chat claude-haiku-4-5", "invoke_agent looper"]
+    # The link points at the execution that died.
+    stored = conn.execute(
+        "SELECT state->'trace_links' AS links FROM ledgerloop.agent_run WHERE id = %s", (run_id,)
+    ).fetchone()
+    assert stored is not None
+    assert len(stored["links"]) == 2
+    assert resumed[0].links[0].span_id.hex() == stored["links"][0]["span_id"]

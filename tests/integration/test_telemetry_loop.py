@@ -1,0 +1,166 @@
+"""The trace tree of a real run mirrors its journal (in-memory exporters, in-process worker)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from app.db.connect import Conn
+from app.runs.states import RunStatus
+from app.telemetry.content import CaptureMode
+from app.telemetry.spans import Telemetry, set_telemetry
+from app.testing.worker import WorkerThread
+from tests.conftest import start_test_run, wait_terminal
+
+
+SCRIPT = """
+default:
+  turns:
+    - tool_use: {name: search_kb, input: {query: "secret-runbook disk full"}}
+    - text: "the secret answer"
+"""
+
+
+@dataclass
+class Captured:
+    spans: InMemorySpanExporter
+    logs: InMemoryLogRecordExporter
+    metrics: InMemoryMetricReader
+
+    def by_kind(self, prefix: str) -> list[ReadableSpan]:
+        return [s for s in self.spans.get_finished_spans() if s.name.startswith(prefix)]
+
+
+def _telemetry(capture: CaptureMode) -> Iterator[Captured]:
+    spans, logs, reader = (
+        InMemorySpanExporter(),
+        InMemoryLogRecordExporter(),
+        InMemoryMetricReader(),
+    )
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    logger_provider = LoggerProvider()
+    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(logs))
+    meter_provider = MeterProvider(metric_readers=[reader])
+    set_telemetry(
+        Telemetry(
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            logger_provider=logger_provider,
+            capture=capture,
+        )
+    )
+    yield Captured(spans, logs, reader)
+    set_telemetry(None)
+    tracer_provider.shutdown()
+    logger_provider.shutdown()
+    meter_provider.shutdown()
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    yield from _telemetry(CaptureMode.NO_CONTENT)
+
+
+@pytest.fixture
+def captured_with_content() -> Iterator[Captured]:
+    yield from _telemetry(CaptureMode.EVENT_ONLY)
+
+
+def _run(conn: Conn, make_settings: Any, db_url: str, model: Any) -> Any:
+    with WorkerThread(make_settings(anthropic_base_url=model.url), db_url):
+        run_id = start_test_run(conn, "ops", "secret question about db-1")
+        run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED
+    return run_id
+
+
+def test_two_turn_run_is_one_tree(
+    conn: Conn, make_settings: Any, db_url: str, scripted_model: Any, captured: Captured
+) -> None:
+    model = scripted_model(SCRIPT)
+    run_id = _run(conn, make_settings, db_url, model)
+    (agent,) = captured.by_kind("invoke_agent")
+    chats = captured.by_kind("chat")
+    (tool,) = captured.by_kind("execute_tool")
+    assert agent.name == "invoke_agent ops"
+    assert agent.kind is SpanKind.INTERNAL
+    assert len(chats) == 2
+    assert all(c.kind is SpanKind.CLIENT for c in chats)
+    assert tool.name == "execute_tool search_kb"
+    assert tool.kind is SpanKind.INTERNAL
+    for child in [*chats, tool]:
+        assert child.parent is not None
+        assert child.parent.span_id == agent.context.span_id
+        assert child.context.trace_id == agent.context.trace_id
+    attrs = dict(chats[0].attributes or {})
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.provider.name"] == "anthropic"
+    assert attrs["gen_ai.request.model"] == "claude-haiku-4-5"
+    assert attrs["gen_ai.response.model"] == "claude-haiku-4-5"
+    assert attrs["gen_ai.response.finish_reasons"] == ("tool_call",)
+    assert attrs["gen_ai.usage.output_tokens"] > 0
+    assert str(attrs["gen_ai.response.id"]).startswith("msg_")
+    assert attrs["server.address"] == "127.0.0.1"
+    assert attrs["server.port"] == model.port
+    assert attrs["ledgerloop.run.id"] == str(run_id)
+    assert attrs["ledgerloop.step.name"] == "think-0"
+    tool_attrs = dict(tool.attributes or {})
+    call_id = model.requests()[1]["request"]["messages"][1]["content"][0]["id"]
+    assert tool_attrs["gen_ai.tool.name"] == "search_kb"
+    assert tool_attrs["gen_ai.tool.call.id"] == call_id
+    assert tool_attrs["gen_ai.tool.type"] == "function"
+    assert tool_attrs["ledgerloop.step.name"] == f"tool-0-{call_id}"
+    # Content stays off spans and no content event is emitted by default.
+    for span in captured.spans.get_finished_spans():
+        for value in (span.attributes or {}).values():
+            assert "secret" not in str(value)
+    assert captured.logs.get_finished_logs() == ()
+    # Agent metrics were recorded for the invocation.
+    names = {
+        m.name
+        for rm in captured.metrics.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert {
+        "gen_ai.client.operation.duration",
+        "gen_ai.client.token.usage",
+        "gen_ai.invoke_agent.duration",
+        "gen_ai.invoke_agent.inference_calls",
+        "gen_ai.invoke_agent.tool_calls",
+        "gen_ai.execute_tool.duration",
+    } <= names
+
+
+def test_content_rides_an_event_when_opted_in(
+    conn: Conn,
+    make_settings: Any,
+    db_url: str,
+    scripted_model: Any,
+    captured_with_content: Captured,
+) -> None:
+    model = scripted_model(SCRIPT)
+    _run(conn, make_settings, db_url, model)
+    events = [
+        r
+        for r in captured_with_content.logs.get_finished_logs()
+        if r.log_record.event_name == "gen_ai.client.inference.operation.details"
+    ]
+    assert len(events) == 2
+    body = str(dict(events[1].log_record.attributes or {}))
+    assert "the secret answer" in body
+    for span in captured_with_content.spans.get_finished_spans():
+        for value in (span.attributes or {}).values():
+            assert "secret" not in str(value)
