@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     # A comma-separated list in the environment, not JSON.
     agent_modules: Annotated[tuple[str, ...], NoDecode] = ()
 
+    #: How often the reconciler looks for effects whose outcome is unknown.
+    reconcile_interval_s: float = Field(default=5.0, gt=0, le=3600)
+
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
     queue_poll_s: float = Field(default=0.05, gt=0, le=5)

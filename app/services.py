@@ -14,4 +14,31 @@ Service = Callable[[Runtime, asyncio.Event], Coroutine[Any, Any, None]]
 
 def build_services(settings: Settings, *, http: bool, relay: bool) -> list[Service]:
     services: list[Service] = []
+    if http:
+        # Imported only when serving: a worker started with --no-http never loads FastAPI.
+        from app.http.server import serve_http
+
+        services.append(serve_http)
+    if relay:
+        services += [relay_service, reconciler_service]
     return services
+
+
+def destinations(runtime: Runtime) -> dict[str, str]:
+    """Where write tools deliver: the policy file's map, overridden by the settings'."""
+    return {**runtime.policy.destinations, **runtime.settings.destinations}
+
+
+async def relay_service(runtime: Runtime, stop: asyncio.Event) -> None:
+    from app.effects.relay import run_relay
+
+    await run_relay(runtime.database_url, destinations(runtime), stop=stop)
+
+
+async def reconciler_service(runtime: Runtime, stop: asyncio.Event) -> None:
+    from app.effects.reconciler import run_reconciler
+
+    await run_reconciler(
+        runtime.database_url, destinations(runtime), stop=stop,
+        interval_s=runtime.settings.reconcile_interval_s,
+    )

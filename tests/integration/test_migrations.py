@@ -94,7 +94,13 @@ def test_five_concurrent_upgrades_serialise_on_the_lock(empty_db: str) -> None:
         )
         for _ in range(5)
     ]
-    outputs = [p.communicate(timeout=180) for p in procs]
+    try:
+        outputs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:  # never leave an upgrader behind if the test fails
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert [p.returncode for p in procs] == [0] * 5, outputs
     said = sorted(out.strip() for out, _ in outputs)
     assert said == ["schema already current"] * 4 + ["schema upgraded"]
