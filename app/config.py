@@ -96,6 +96,10 @@ class Settings(BaseSettings):
 
     #: How often the reconciler looks for effects whose outcome is unknown.
     reconcile_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    #: How long an unknown outcome rests before the reconciler asks the destination (a call
+    #: that timed out here may still commit there), and the slack on a relay's claim lease.
+    effect_settle_after_s: float = Field(default=5.0, ge=0, le=3600)
+    relay_lease_margin_s: float = Field(default=5.0, gt=0, le=3600)
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)

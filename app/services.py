@@ -30,15 +30,21 @@ def destinations(runtime: Runtime) -> dict[str, str]:
 
 
 async def relay_service(runtime: Runtime, stop: asyncio.Event) -> None:
-    from app.effects.relay import run_relay
+    from app.effects.relay import RelayConfig, run_relay
 
-    await run_relay(runtime.database_url, destinations(runtime), stop=stop)
+    config = RelayConfig(
+        lease_margin_s=runtime.settings.relay_lease_margin_s,
+        settle_after_s=runtime.settings.effect_settle_after_s,
+    )
+    await run_relay(runtime.database_url, destinations(runtime), stop=stop, config=config)
 
 
 async def reconciler_service(runtime: Runtime, stop: asyncio.Event) -> None:
     from app.effects.reconciler import run_reconciler
 
     await run_reconciler(
-        runtime.database_url, destinations(runtime), stop=stop,
+        runtime.database_url,
+        destinations(runtime),
+        stop=stop,
         interval_s=runtime.settings.reconcile_interval_s,
     )

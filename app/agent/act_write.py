@@ -293,7 +293,7 @@ async def _await_approval(
                 await loop._finish(
                     RunStatus.CANCELLED,
                     "approval_rejected",
-                    {"approval_id": asked["approval_id"], "reason": reason},
+                    {"approval_id": asked["approval_id"], "rejection_reason": reason},
                 )
             )["status"]
         }

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from app.agent.definition import Agent, register_agent
 from app.models.client import Tier
 from app.tools.errors import PolicyDenied, ToolTimeout
-from app.tools.registry import ToolContext, read_tool
+from app.tools.registry import HttpEffect, Tool, ToolContext, read_tool, write_tool
 
 
 class EchoArgs(BaseModel):
@@ -92,5 +92,44 @@ PICKY = register_agent(
 STRONG_ONLY = register_agent(
     Agent(
         name="strong_only", system="Test agent on the strong tier.", tools=(echo,), tier=Tier.STRONG
+    )
+)
+
+
+# -- write tools against the three kinds of ticket-service endpoint ----------------------
+
+
+class TicketArgs(BaseModel):
+    title: str = Field(min_length=1, max_length=200)
+    priority: str = "normal"
+
+
+def _ticket_body(args: Any) -> dict[str, Any]:
+    ticket: TicketArgs = args
+    # The service accepts low/normal/high only: any other priority is the downstream's 422.
+    return {"title": ticket.title, "body": "filed by a test", "priority": ticket.priority}
+
+
+def _write(name: str, kind: str, *, idempotent: bool, lookup: bool) -> Tool:
+    effect = HttpEffect(
+        destination="tickets",
+        method="POST",
+        path=f"/{kind}/tickets",
+        honours_idempotency=idempotent,
+        lookup_path=f"/{kind}/tickets/by-key/{{key}}" if lookup else None,
+    )
+    return write_tool(name, f"File a ticket ({kind} endpoint).", TicketArgs, effect)(_ticket_body)
+
+
+TICKET_IDEMPOTENT = _write("ticket_idempotent", "idempotent", idempotent=True, lookup=True)
+TICKET_LOOKUP = _write("ticket_lookup", "lookup", idempotent=False, lookup=True)
+TICKET_PLAIN = _write("ticket_plain", "plain", idempotent=False, lookup=False)
+URGENT_TICKET = _write("urgent_ticket", "idempotent", idempotent=True, lookup=True)
+
+WRITER = register_agent(
+    Agent(
+        name="writer",
+        system="Test agent with write tools.",
+        tools=(TICKET_IDEMPOTENT, TICKET_LOOKUP, TICKET_PLAIN, URGENT_TICKET, echo),
     )
 )

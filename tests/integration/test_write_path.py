@@ -1,0 +1,241 @@
+"""Write tools end to end: approval, effect + outbox, relay, reconciler, the run resuming.
+
+Real Postgres, real DBOS worker (in-process), real relay and reconciler, the real ticket
+service over HTTP, the real SDK against the scripted model.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from app.approvals.principals import principal_create
+from app.approvals.store import approval_decide, approval_list
+from app.db.connect import Conn
+from app.effects.ledger import effect_list, effect_resolve
+from app.examples.ticket_service import TicketServiceThread
+from app.runs.states import RunStatus
+from app.runs.store import run_require
+from app.services import build_services
+from app.testing.postgres import wait_until
+from app.testing.worker import WorkerThread
+from app.worker import WorkerOptions
+from tests.conftest import REPO, start_test_run, wait_terminal
+
+
+@pytest.fixture
+def tickets() -> Iterator[TicketServiceThread]:
+    with TicketServiceThread() as service:
+        yield service
+
+
+@pytest.fixture
+def worker(
+    make_settings: Callable[..., Any], db_url: str, tickets: TicketServiceThread
+) -> Iterator[Callable[[str], WorkerThread]]:
+    started: list[WorkerThread] = []
+
+    def start(model_url: str) -> WorkerThread:
+        settings = make_settings(
+            anthropic_base_url=model_url,
+            agent_modules="tests.support.agents",
+            policy_file=REPO / "tests" / "support" / "policy.yaml",
+            destinations={"tickets": tickets.url},
+            effect_settle_after_s=0.2,
+            reconcile_interval_s=0.2,
+            relay_lease_margin_s=1.0,
+        )
+        options = WorkerOptions(services=build_services(settings, http=False, relay=True))
+        thread = WorkerThread(settings, db_url, options).start()
+        started.append(thread)
+        return thread
+
+    yield start
+    for thread in started:
+        thread.stop()
+
+
+def _stats(tickets: TicketServiceThread) -> dict[str, Any]:
+    stats: dict[str, Any] = httpx.get(f"{tickets.url}/_stats").json()
+    return stats
+
+
+def _fault(tickets: TicketServiceThread, **fault: Any) -> None:
+    httpx.post(f"{tickets.url}/_faults", json=fault).raise_for_status()
+
+
+def _tool_results(model: Any) -> list[dict[str, Any]]:
+    last = model.requests()[-1]["request"]["messages"][-1]
+    return [b for b in last["content"] if b.get("type") == "tool_result"]
+
+
+def _status(conn: Conn, run_id: uuid.UUID) -> RunStatus:
+    return run_require(conn, run_id).status
+
+
+def _pending_approval(conn: Conn, run_id: uuid.UUID) -> Any:
+    def pending() -> Any:
+        found = approval_list(conn, run_id=run_id, status="pending")
+        return found[0] if found else None
+
+    return wait_until(pending, timeout=20)
+
+
+TICKET_SCRIPT = """
+default:
+  turns:
+    - tool_use: {name: write_ticket, input: {title: "db-1 disk full", body: "extend", priority: high}}
+    - text: "Filed."
+"""
+
+
+def test_approved_write_files_exactly_one_ticket(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(TICKET_SCRIPT)
+    worker(model.url)
+    approver, _ = principal_create(conn, name="alice", roles=["approver"])
+    run_id = start_test_run(conn, "ops", "db-1 disk is full")
+    approval = _pending_approval(conn, run_id)
+    assert _status(conn, run_id) is RunStatus.AWAITING_APPROVAL
+    assert approval.preview["summary"]
+    assert _stats(tickets)["created"] == 0  # nothing happens before the approval
+    approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED
+    assert _stats(tickets)["created"] == 1
+    (result,) = _tool_results(model)
+    assert not result["is_error"]
+    assert json.loads(result["content"])["title"] == "db-1 disk full"
+    (effect,) = effect_list(conn, run_id=run_id)
+    assert effect.status.value == "succeeded"
+    assert effect.request_hash == approval.action_hash  # what ran is what was approved
+    assert effect.key.startswith(f"{run_id}:")
+
+
+def test_rejected_write_goes_back_to_the_model(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(TICKET_SCRIPT)
+    worker(model.url)
+    approver, _ = principal_create(conn, name="bob", roles=["approver"])
+    run_id = start_test_run(conn, "ops", "db-1 disk is full")
+    approval = _pending_approval(conn, run_id)
+    approval_decide(
+        conn, approval_id=approval.id, principal=approver, decision="reject", reason="not now"
+    )
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED
+    (result,) = _tool_results(model)
+    assert result["is_error"]
+    assert result["content"] == "rejected by bob: not now"
+    assert _stats(tickets)["created"] == 0
+    assert effect_list(conn, run_id=run_id) == []
+
+
+def test_reject_with_on_reject_cancel_cancels_the_run(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: urgent_ticket, input: {title: x}}}, {text: nope}]}"
+    )
+    worker(model.url)
+    approver, _ = principal_create(conn, name="carol", roles=["approver"])
+    run_id = start_test_run(conn, "writer", "urgent")
+    approval = _pending_approval(conn, run_id)
+    approval_decide(conn, approval_id=approval.id, principal=approver, decision="reject")
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.CANCELLED
+    assert run.state["reason"] == "approval_rejected"
+    assert len(model.requests()) == 1
+    assert _stats(tickets)["created"] == 0
+
+
+def test_unanswered_approval_expires_and_cancels(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: urgent_ticket, input: {title: x}}}, {text: nope}]}"
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "urgent")
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.CANCELLED
+    assert run.state["reason"] == "approval_expired"
+    (approval,) = approval_list(conn, run_id=run_id)
+    assert approval.status == "expired"
+    assert _stats(tickets)["created"] == 0
+
+
+def test_downstream_4xx_is_an_error_result(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(
+        """
+        default:
+          turns:
+            - tool_use: {name: ticket_plain, input: {title: x, priority: urgent}}
+            - text: "could not file it"
+        """
+    )
+    worker(model.url)
+    run = wait_terminal(conn, start_test_run(conn, "writer", "file"))
+    assert run.status is RunStatus.SUCCEEDED
+    (result,) = _tool_results(model)
+    assert result["is_error"]
+    assert "422" in result["content"]
+    assert _stats(tickets)["created"] == 0
+
+
+def test_unknown_outcome_is_reconciled_by_lookup(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    _fault(tickets, mode="commit_then_drop", kind="idempotent")
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: ticket_idempotent, input: {title: x}}}, {text: ok}]}"
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file")
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED
+    assert _stats(tickets)["created"] == 1
+    (result,) = _tool_results(model)
+    assert not result["is_error"]
+    events = [
+        r["event_type"]
+        for r in conn.execute(
+            "SELECT event_type FROM ledgerloop.agent_run_event WHERE run_id = %s ORDER BY sequence",
+            (run_id,),
+        ).fetchall()
+    ]
+    assert "reconciling" in events
+
+
+def test_unknown_outcome_without_lookup_waits_for_a_person(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    _fault(tickets, mode="commit_then_drop", kind="plain")
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: ticket_plain, input: {title: x}}}, {text: ok}]}"
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file")
+
+    def parked() -> Any:
+        found = effect_list(conn, run_id=run_id, status="needs_human")
+        return found[0] if found else None
+
+    effect = wait_until(parked, timeout=20)
+    wait_until(lambda: _status(conn, run_id) is RunStatus.RECONCILING)
+    assert _stats(tickets)["created"] == 1
+    # Never resent on its own: no idempotency and no lookup make a resend unsafe.
+    assert _stats(tickets)["requests"] == 1
+    effect_resolve(conn, effect.key, succeeded_ref="TCK-000001", operator="ops-oncall")
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED
+    assert _stats(tickets)["created"] == 1
