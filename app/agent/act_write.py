@@ -28,7 +28,7 @@ from app.approvals.preview import render_preview
 from app.approvals.store import approval_expire, approval_request, approval_topic
 from app.db.connect import Conn
 from app.effects.hashing import idempotency_key, request_hash
-from app.effects.ledger import effect_begin
+from app.effects.ledger import compensation_begin, effect_begin, effect_require
 from app.effects.messages import DeliveryRequest, EffectStatus, parse_message
 from app.faults import hit
 from app.runs.states import RunStatus
@@ -237,7 +237,7 @@ async def act_write(loop: AgentLoop, i: int, call: dict[str, Any], tool: Tool) -
     if "result" in recorded:
         return recorded
     hit("loop.after_effect_recorded")
-    return await _await_effect(loop, i, call_id, recorded["key"])
+    return await _await_effect(loop, i, call_id, recorded["key"], tool)
 
 
 async def _await_approval(
@@ -310,7 +310,9 @@ async def _await_approval(
     return {"result": tool_result(call_id, text, is_error=True)}
 
 
-async def _await_effect(loop: AgentLoop, i: int, call_id: str, key: str) -> dict[str, Any]:
+async def _await_effect(
+    loop: AgentLoop, i: int, call_id: str, key: str, tool: Tool
+) -> dict[str, Any]:
     from app.agent.loop import _step
 
     unknown_rounds = 0
@@ -327,6 +329,15 @@ async def _await_effect(loop: AgentLoop, i: int, call_id: str, key: str) -> dict
         outcome = parse_message(message)
         status = EffectStatus(outcome["status"])
         if status is EffectStatus.SUCCEEDED:
+            if tool.effect is not None and tool.effect.compensate_path:
+                loop.compensable.append(
+                    {
+                        "call_id": call_id,
+                        "key": key,
+                        "tool": tool.name,
+                        "ref": outcome["external_reference"],
+                    }
+                )
             content = json.dumps(outcome["result"]) if outcome["result"] is not None else "ok"
             return {"result": tool_result(call_id, content)}
         if status is EffectStatus.FAILED:
@@ -342,3 +353,67 @@ async def _await_effect(loop: AgentLoop, i: int, call_id: str, key: str) -> dict
             "reconciling",
             {"idempotency_key": key, "effect_status": status.value},
         )
+
+
+# -- compensation ---------------------------------------------------------------------------
+
+
+async def record_compensation(
+    run_id: str, tool_name: str, key: str, ref: str | None
+) -> dict[str, Any]:
+    """Begin the compensating effect of `key` (its own key, `...:compensate`, and audit trail)."""
+    rt = get_runtime()
+    tool = _tool(run_id, tool_name)
+    assert tool.effect is not None and tool.effect.compensate_path is not None
+    policy = rt.policy.for_tool(tool_name)
+    delivery = DeliveryRequest(
+        path=tool.effect.compensate_path.format(ref=ref or "", key=key),
+        method="POST",
+        idempotency_header=policy.idempotency_header,
+        # Compensating calls are declared idempotent: resending one is always safe.
+        honours_idempotency=True,
+        timeout_ms=policy.timeout_ms,
+        max_attempts=policy.max_retries + 1,
+        deadline_s=policy.deadline_s,
+    )
+
+    def record(conn: Conn) -> dict[str, Any]:
+        with conn.transaction():
+            effect = compensation_begin(conn, effect_require(conn, key), delivery)
+        return {"key": effect.key, "status": str(effect.status)}
+
+    result: dict[str, Any] = await steps._db(record)
+    return result
+
+
+async def compensate_all(loop: AgentLoop) -> list[dict[str, Any]]:
+    """Undo this run's compensable effects, newest first, each as a new effect; wait for each.
+
+    A compensation that fails is parked for a person by the ledger; the run does not wait
+    for that person longer than the tool's policy deadline, and the parked effect keeps its
+    owner (this run) for whoever resolves it.
+    """
+    from app.agent.loop import _step
+
+    outcomes = []
+    for item in reversed(loop.compensable):
+        recorded: dict[str, Any] = await _step(
+            f"compensate-{item['call_id']}",
+            CODE_STEP,
+            record_compensation,
+            loop.run_id,
+            item["tool"],
+            item["key"],
+            item["ref"],
+        )
+        hit("loop.after_compensation_recorded")
+        wait_s = get_runtime().policy.for_tool(item["tool"]).deadline_s
+        status = recorded["status"]
+        while status not in (EffectStatus.SUCCEEDED.value, EffectStatus.FAILED.value):
+            message = await DBOS.recv_async(recorded["key"], wait_s)
+            if message is None:
+                break
+            status = parse_message(message)["status"]
+        outcomes.append({"key": recorded["key"], "status": status})
+    loop.compensable.clear()
+    return outcomes

@@ -47,6 +47,8 @@ class AgentLoop:
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self.settings = get_runtime().settings
+        #: Succeeded effects with a compensating action, undone if the run fails or is cancelled.
+        self.compensable: list[dict[str, Any]] = []
 
     async def run(self) -> dict[str, Any]:
         ctx: dict[str, Any] = await _step("memory-load", CODE_STEP, steps.memory_load, self.run_id)
@@ -216,5 +218,9 @@ class AgentLoop:
         self, target: RunStatus, reason: str, details: dict[str, Any]
     ) -> dict[str, Any]:
         payload = {"reason": reason, **details}
+        if target in (RunStatus.FAILED, RunStatus.CANCELLED) and self.compensable:
+            from app.agent.act_write import compensate_all
+
+            payload["compensations"] = await compensate_all(self)
         await _step("finish", CODE_STEP, steps.finish, self.run_id, target.value, reason, payload)
         return {"status": target.value, **payload}

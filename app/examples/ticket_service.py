@@ -118,6 +118,13 @@ def create_app() -> FastAPI:
         ticket = store.get(ticket_id)
         return JSONResponse(_ticket_json(ticket)) if ticket else _not_found("ticket")
 
+    @app.post("/tickets/{ticket_id}/close")
+    async def close_ticket(ticket_id: str) -> Response:
+        closed = store.close(ticket_id)
+        if closed is None:
+            return _not_found("ticket")
+        return JSONResponse({"id": ticket_id, "closed": True, "already_closed": not closed})
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}

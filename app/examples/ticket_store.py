@@ -64,6 +64,7 @@ class TicketStore:
         self._faults: list[ArmedFault] = []
         self._created: dict[Kind, int] = dict.fromkeys(KINDS, 0)
         self._requests = 0
+        self._closed: set[str] = set()
 
     def reset(self) -> None:
         with self._lock:
@@ -74,6 +75,21 @@ class TicketStore:
             self._faults.clear()
             self._created = dict.fromkeys(KINDS, 0)
             self._requests = 0
+            self._closed.clear()
+
+    def close(self, ticket_id: str) -> bool | None:
+        """Close a ticket: True the first time, False when already closed, None if unknown.
+
+        Closing is naturally idempotent (a second close changes nothing), which makes it a
+        safe compensating action to resend.
+        """
+        with self._lock:
+            if ticket_id not in self._tickets:
+                return None
+            if ticket_id in self._closed:
+                return False
+            self._closed.add(ticket_id)
+            return True
 
     def begin_request(self, kind: Kind) -> FaultHit | None:
         """Count one create request and consume the first fault that matches it."""
@@ -145,4 +161,5 @@ class TicketStore:
                 "created": sum(self._created.values()),
                 "by_kind": dict(self._created),
                 "requests": self._requests,
+                "closed": len(self._closed),
             }

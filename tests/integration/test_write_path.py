@@ -239,3 +239,30 @@ def test_unknown_outcome_without_lookup_waits_for_a_person(
     run = wait_terminal(conn, run_id)
     assert run.status is RunStatus.SUCCEEDED
     assert _stats(tickets)["created"] == 1
+
+
+def test_failed_run_compensates_its_effects_as_new_effects(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(
+        """
+        default:
+          turns:
+            - tool_use: {name: ticket_undoable, input: {title: "to be undone"}}
+            - status: 500
+        """
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file then fail")
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.state["reason"] == "model_call_failed"
+    stats = _stats(tickets)
+    assert stats["created"] == 1
+    assert stats["closed"] == 1
+    effects = {e.key: e for e in effect_list(conn, run_id=run_id)}
+    (original,) = [e for e in effects.values() if e.compensates is None]
+    compensation = effects[original.key + ":compensate"]
+    assert compensation.compensates == original.key
+    assert compensation.status.value == "succeeded"
+    assert run.state["compensations"] == [{"key": compensation.key, "status": "succeeded"}]

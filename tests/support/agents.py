@@ -110,13 +110,14 @@ def _ticket_body(args: Any) -> dict[str, Any]:
     return {"title": ticket.title, "body": "filed by a test", "priority": ticket.priority}
 
 
-def _write(name: str, kind: str, *, idempotent: bool, lookup: bool) -> Tool:
+def _write(name: str, kind: str, *, idempotent: bool, lookup: bool, undo: bool = False) -> Tool:
     effect = HttpEffect(
         destination="tickets",
         method="POST",
         path=f"/{kind}/tickets",
         honours_idempotency=idempotent,
         lookup_path=f"/{kind}/tickets/by-key/{{key}}" if lookup else None,
+        compensate_path="/tickets/{ref}/close" if undo else None,
     )
     return write_tool(name, f"File a ticket ({kind} endpoint).", TicketArgs, effect)(_ticket_body)
 
@@ -125,11 +126,19 @@ TICKET_IDEMPOTENT = _write("ticket_idempotent", "idempotent", idempotent=True, l
 TICKET_LOOKUP = _write("ticket_lookup", "lookup", idempotent=False, lookup=True)
 TICKET_PLAIN = _write("ticket_plain", "plain", idempotent=False, lookup=False)
 URGENT_TICKET = _write("urgent_ticket", "idempotent", idempotent=True, lookup=True)
+UNDOABLE_TICKET = _write("ticket_undoable", "idempotent", idempotent=True, lookup=True, undo=True)
 
 WRITER = register_agent(
     Agent(
         name="writer",
         system="Test agent with write tools.",
-        tools=(TICKET_IDEMPOTENT, TICKET_LOOKUP, TICKET_PLAIN, URGENT_TICKET, echo),
+        tools=(
+            TICKET_IDEMPOTENT,
+            TICKET_LOOKUP,
+            TICKET_PLAIN,
+            URGENT_TICKET,
+            UNDOABLE_TICKET,
+            echo,
+        ),
     )
 )
