@@ -31,6 +31,7 @@ import psycopg
 from app import faults
 from app.effects.delivery import Delivery, Verdict, send
 from app.effects.errors import InvalidDeliveryRequest
+from app.effects.ledger import COMPENSATION_SUFFIX
 from app.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
 from app.effects.outbox import (
     CHANNEL,
@@ -388,6 +389,8 @@ class Relay:
                 OutboxStatus.DEAD,
             )
         faults.hit("relay.before_send")
+        if claimed.key.endswith(COMPENSATION_SUFFIX):
+            faults.hit("relay.before_send_compensation")
         assert self._client is not None
         delivery = await send(self._client, base_url, claimed.key, request)
         faults.hit("relay.after_send_before_record")

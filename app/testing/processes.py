@@ -28,11 +28,23 @@ def worker_env(database_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_worker(env: Mapping[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+def start_relay(env: Mapping[str, str], log: Path | None = None) -> subprocess.Popen[bytes]:
+    """`ledgerloop relay`: the relay and the reconciler alone, so a test can kill them alone."""
+    return _spawn(env, ["relay"], log)
+
+
+def start_worker(
+    env: Mapping[str, str], *args: str, log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """`ledgerloop up --no-http`: a worker process."""
+    return _spawn(env, ["up", "--no-http", *args], log)
+
+
+def _spawn(env: Mapping[str, str], args: list[str], log: Path | None) -> subprocess.Popen[bytes]:
     out = log.open("ab") if log else None
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "up", "--no-http", *args],
+            [sys.executable, "-m", "app.cli", *args],
             env=dict(env),
             cwd=REPO,
             stdout=out or subprocess.DEVNULL,

@@ -1,0 +1,185 @@
+"""Kill the relay or the worker (SIGKILL, real subprocesses) at each named fault point, for each
+kind of downstream, then restart what died and check the invariants:
+
+- at most one ticket per logical call, and exactly one when the run says it succeeded;
+- every run ends terminal, or waits in `reconciling` on an effect parked as needs_human;
+- no effect is left pending, started or unknown: each has settled or is parked for a person.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.db.connect import Conn
+from app.effects.ledger import effect_list
+from app.examples.ticket_service import TicketServiceThread
+from app.runs.states import TERMINAL, RunStatus
+from app.runs.store import run_require
+from app.testing.postgres import wait_until
+from app.testing.processes import REPO, start_relay, start_worker, stop_worker, worker_env
+from tests.conftest import start_test_run
+
+pytestmark = pytest.mark.crash
+
+KINDS = {"idempotent": "ticket_idempotent", "lookup": "ticket_lookup", "plain": "ticket_plain"}
+RELAY_FAULTS = ["relay.before_send", "relay.after_send_before_record", "relay.after_record"]
+WORKER_FAULTS = ["loop.after_effect_recorded", "loop.after_tools"]
+
+
+@pytest.fixture
+def tickets() -> Iterator[TicketServiceThread]:
+    with TicketServiceThread() as service:
+        yield service
+
+
+class Cluster:
+    """A worker and a relay process; either can be started with faults and restarted."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, role: str, faults: str = "") -> subprocess.Popen[bytes]:
+        env = {**self.env, "LEDGERLOOP_FAULTS": faults}
+        log = self.logs / f"{role}-{len(self.procs)}.log"
+        proc = (
+            start_worker(env, "--no-relay", log=log)
+            if role == "worker"
+            else start_relay(env, log=log)
+        )
+        self.procs[f"{role}-{len(self.procs)}"] = proc
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            stop_worker(proc)
+
+    def output(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text()[-3000:]}" for p in self.logs.glob("*.log"))
+
+
+@pytest.fixture
+def cluster(
+    db_url: str, scripted_model: Any, tickets: TicketServiceThread, tmp_path: Path
+) -> Iterator[Any]:
+    clusters: list[Cluster] = []
+
+    def make(script: str) -> Cluster:
+        model = scripted_model(script)
+        env = worker_env(
+            db_url,
+            ANTHROPIC_BASE_URL=model.url,
+            LEDGERLOOP_AGENT_MODULES="tests.support.agents",
+            LEDGERLOOP_POLICY_FILE=str(REPO / "tests" / "support" / "policy.yaml"),
+            LEDGERLOOP_DESTINATIONS=json.dumps({"tickets": tickets.url}),
+            LEDGERLOOP_EFFECT_SETTLE_AFTER_S="0.2",
+            LEDGERLOOP_RECONCILE_INTERVAL_S="0.2",
+            LEDGERLOOP_RELAY_LEASE_MARGIN_S="1",
+        )
+        made = Cluster(env, tmp_path)
+        clusters.append(made)
+        return made
+
+    yield make
+    for made in clusters:
+        made.stop()
+
+
+def _settled(conn: Conn, run_id: uuid.UUID) -> bool:
+    status = run_require(conn, run_id).status
+    if status in TERMINAL:
+        return True
+    # Parked: the effect waits for a person and the run has heard so.
+    parked = effect_list(conn, run_id=run_id, status="needs_human")
+    return bool(parked) and status is RunStatus.RECONCILING
+
+
+def _check_invariants(conn: Conn, run_id: uuid.UUID, tickets: TicketServiceThread) -> None:
+    run = run_require(conn, run_id)
+    created = httpx.get(f"{tickets.url}/_stats").json()["created"]
+    effects = effect_list(conn, run_id=run_id)
+    assert created <= 1
+    assert all(e.status.value in ("succeeded", "failed", "needs_human") for e in effects), effects
+    if run.status is RunStatus.SUCCEEDED:
+        assert created == 1
+        assert [e.status.value for e in effects] == ["succeeded"]
+    else:
+        assert run.status is RunStatus.RECONCILING
+        assert [e.status.value for e in effects] == ["needs_human"]
+
+
+def _script(tool: str) -> str:
+    return f"default: {{turns: [{{tool_use: {{name: {tool}, input: {{title: crash}}}}}}, {{text: done}}]}}"
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("fault", RELAY_FAULTS)
+def test_relay_killed(
+    fault: str, kind: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
+) -> None:
+    c = cluster(_script(KINDS[kind]))
+    c.start("worker")
+    relay = c.start("relay", fault)
+    run_id = start_test_run(conn, "writer", "file one")
+    assert relay.wait(timeout=60) == -9, c.output()
+    c.start("relay")
+    wait_until(lambda: _settled(conn, run_id), timeout=60)
+    _check_invariants(conn, run_id, tickets)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("fault", WORKER_FAULTS)
+def test_worker_killed(
+    fault: str, kind: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
+) -> None:
+    c = cluster(_script(KINDS[kind]))
+    worker = c.start("worker", fault)
+    c.start("relay")
+    run_id = start_test_run(conn, "writer", "file one")
+    assert worker.wait(timeout=60) == -9, c.output()
+    c.start("worker")
+    wait_until(lambda: _settled(conn, run_id), timeout=60)
+    _check_invariants(conn, run_id, tickets)
+    if run_require(conn, run_id).status is RunStatus.SUCCEEDED:
+        # The resumed run did not ask the model about the tool call again.
+        assert run_require(conn, run_id).state["turns"] == 2
+
+
+COMPENSATE = """
+default:
+  turns:
+    - tool_use: {name: ticket_undoable, input: {title: "to be undone"}}
+    - status: 500
+"""
+
+
+@pytest.mark.parametrize(
+    ("role", "fault"),
+    [("worker", "loop.after_compensation_recorded"), ("relay", "relay.before_send_compensation")],
+)
+def test_killed_during_compensation(
+    role: str, fault: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
+) -> None:
+    c = cluster(COMPENSATE)
+    first_worker = c.start("worker", fault if role == "worker" else "")
+    first_relay = c.start("relay", fault if role == "relay" else "")
+    run_id = start_test_run(conn, "writer", "file then fail")
+    victim = first_worker if role == "worker" else first_relay
+    assert victim.wait(timeout=60) == -9, c.output()
+    c.start(role)
+    run = wait_until(lambda: (r := run_require(conn, run_id)).status in TERMINAL and r, timeout=60)
+    assert run.status is RunStatus.FAILED
+    stats = httpx.get(f"{tickets.url}/_stats").json()
+    assert stats["created"] == 1
+    assert stats["closed"] == 1
+    statuses = sorted(e.status.value for e in effect_list(conn, run_id=run_id))
+    assert statuses == ["succeeded", "succeeded"]
