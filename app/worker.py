@@ -42,7 +42,7 @@ def check_policy_tools(policy: PolicyFile) -> None:
         )
 
 
-def prepare(settings: Settings, url: str) -> Runtime:
+def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Runtime:
     """Everything that can fail on bad configuration, checked before anything starts."""
     from app.telemetry import configure_telemetry
 
@@ -51,7 +51,7 @@ def prepare(settings: Settings, url: str) -> Runtime:
     check_policy_tools(policy)
     model = make_model_client(settings)
     ensure_current(url)
-    configure_telemetry()
+    configure_telemetry(console=trace_console)
     pool = make_pool(url, min_size=2, max_size=20, name="ledgerloop-worker")
     return Runtime(settings=settings, database_url=url, pool=pool, model=model, policy=policy)
 
@@ -68,7 +68,7 @@ async def run_worker(
     from app.agent.loop import QUEUE_NAME
 
     options = options or WorkerOptions()
-    runtime = prepare(settings, url)
+    runtime = prepare(settings, url, trace_console=options.trace_console)
     install(runtime)
     tasks: list[asyncio.Task[None]] = []
     try:

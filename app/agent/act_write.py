@@ -364,7 +364,8 @@ async def record_compensation(
     """Begin the compensating effect of `key` (its own key, `...:compensate`, and audit trail)."""
     rt = get_runtime()
     tool = _tool(run_id, tool_name)
-    assert tool.effect is not None and tool.effect.compensate_path is not None
+    assert tool.effect is not None
+    assert tool.effect.compensate_path is not None
     policy = rt.policy.for_tool(tool_name)
     delivery = DeliveryRequest(
         path=tool.effect.compensate_path.format(ref=ref or "", key=key),

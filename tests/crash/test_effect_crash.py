@@ -118,7 +118,8 @@ def _check_invariants(conn: Conn, run_id: uuid.UUID, tickets: TicketServiceThrea
 
 
 def _script(tool: str) -> str:
-    return f"default: {{turns: [{{tool_use: {{name: {tool}, input: {{title: crash}}}}}}, {{text: done}}]}}"
+    first = f"{{tool_use: {{name: {tool}, input: {{title: crash}}}}}}"
+    return f"default: {{turns: [{first}, {{text: done}}]}}"
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

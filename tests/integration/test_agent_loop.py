@@ -1,4 +1,4 @@
-"""The durable loop end to end: real Postgres, real DBOS, the real SDK against the scripted server."""
+"""The durable loop end to end: real Postgres, real DBOS, the real SDK and the scripted model."""
 
 from __future__ import annotations
 

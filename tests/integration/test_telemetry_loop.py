@@ -23,7 +23,6 @@ from app.telemetry.spans import Telemetry, set_telemetry
 from app.testing.worker import WorkerThread
 from tests.conftest import start_test_run, wait_terminal
 
-
 SCRIPT = """
 default:
   turns:

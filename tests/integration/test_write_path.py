@@ -89,7 +89,9 @@ def _pending_approval(conn: Conn, run_id: uuid.UUID) -> Any:
 TICKET_SCRIPT = """
 default:
   turns:
-    - tool_use: {name: write_ticket, input: {title: "db-1 disk full", body: "extend", priority: high}}
+    - tool_use:
+        name: write_ticket
+        input: {title: "db-1 disk full", body: "extend", priority: high}
     - text: "Filed."
 """
 

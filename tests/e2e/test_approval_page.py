@@ -1,0 +1,136 @@
+"""The approval page in headless Chromium (Debian's, since no browser can be downloaded here),
+driven by Playwright against a real server and database."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+
+from app.approvals.store import ApprovalStatus, approval_get
+from app.db.connect import Conn
+from app.runs.cancel import cancel_run
+from tests.e2e.conftest import MakeToken, ServerThread, run_awaiting_approval
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        subprocess.run([REPO / "scripts" / "install-browser"], check=True)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser, server: ServerThread) -> Iterator[Page]:
+    """A fresh page on the approval page; fails the test on any script error or CSP report."""
+    context = browser.new_context(base_url=server.url)
+    opened = context.new_page()
+    problems: list[str] = []
+    opened.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+
+    def console(message: ConsoleMessage) -> None:
+        # A failed API call logs its status as a console error; those are expected here.
+        if message.type == "error" and "status of" not in message.text:
+            problems.append(f"console: {message.text}")
+
+    opened.on("console", console)
+    response = opened.goto("/approvals")
+    assert response is not None
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    yield opened
+    context.close()
+    assert problems == []
+
+
+def sign_in(page: Page, token: str) -> None:
+    page.fill("#token", token)
+    page.click("#login button[type=submit]")
+
+
+def test_an_approver_approves_from_the_page(page: Page, conn: Conn, make_token: MakeToken) -> None:
+    arguments = {"title": "Disk full on db-1", "priority": "high", "api_key": "sk-live-123"}
+    expires_at = datetime.now(UTC) + timedelta(hours=8)
+    approval = run_awaiting_approval(conn, arguments=arguments, expires_at=expires_at)
+    token = make_token("approver", name="ana@example.com")
+
+    sign_in(page, token)
+    card = page.locator(f'li.approval[data-approval-id="{approval.id}"]')
+    expect(card.locator(".summary")).to_have_text("Open ticket Disk full on db-1")
+    expect(card.locator(".tool")).to_have_text("write_ticket")
+    expect(card.locator(".lines li")).to_have_text(["title: Disk full on db-1", "priority: high"])
+    expect(card.locator(".note")).to_contain_text("api_key")
+    expect(card.locator(".hash")).to_have_text(approval.action_hash)
+    expires = card.locator(".expires")
+    expect(expires).to_have_attribute("datetime", re.compile(f"^{expires_at:%Y-%m-%dT%H:%M:%S}"))
+    expect(expires).to_contain_text(re.compile(r"\(in (7 h 59|8 h 0) min\)"))
+    expect(card.locator(".run")).to_have_text(str(approval.run_id))
+    assert "sk-live-123" not in page.content()  # the preview hides secret-looking arguments
+    # The token lives in this tab's sessionStorage only, never in the page or localStorage.
+    assert page.evaluate("sessionStorage.getItem('ledgerloop.token')") == token
+    assert page.evaluate("localStorage.length") == 0
+    assert token not in page.content()
+
+    card.locator(".reason").fill("matches the incident")
+    card.locator(".approve").click()
+
+    expect(page.locator("#notice")).to_contain_text("approved: write_ticket")
+    expect(page.locator("#notice")).to_contain_text("by ana@example.com")
+    expect(card).to_have_count(0)  # the list refreshed: nothing pending any more
+    expect(page.locator("#empty")).to_be_visible()
+    decided = approval_get(conn, approval.id)
+    assert decided is not None
+    assert decided.status is ApprovalStatus.APPROVED
+    assert decided.decided_by_name == "ana@example.com"
+    assert decided.reason == "matches the incident"
+
+
+def test_a_bad_token_is_shown_plainly(page: Page) -> None:
+    sign_in(page, "llt_not-a-real-token")
+    expect(page.locator("#error")).to_have_text(
+        "401 unauthenticated: Invalid or revoked token. "
+        "(present a current token issued by `ledgerloop approvers add`)"
+    )
+    expect(page.locator("#login")).to_be_visible()
+    expect(page.locator("#queue")).to_be_hidden()
+    assert page.evaluate("sessionStorage.getItem('ledgerloop.token')") is None
+
+
+def test_refusals_are_shown_verbatim(page: Page, conn: Conn, make_token: MakeToken) -> None:
+    approval = run_awaiting_approval(conn)
+    sign_in(page, make_token("viewer", name="vic@example.com"))
+    card = page.locator(f'li.approval[data-approval-id="{approval.id}"]')
+
+    card.locator(".approve").click()  # a viewer may look, not decide
+    expect(page.locator("#error")).to_have_text(
+        f"403 forbidden: deciding approval {approval.id} needs one of the roles approver; "
+        "this principal has viewer (use a principal with one of those roles)"
+    )
+    expect(card.locator(".approve")).to_be_enabled()
+
+    page.click("#forget")
+    sign_in(page, make_token("approver"))
+    cancel_run(conn, approval.run_id, requested_by="test")  # meanwhile, someone cancels
+    card.locator(".reject").click()
+    expect(page.locator("#error")).to_contain_text("409 approval_conflict: approval")
+    expect(page.locator("#error")).to_contain_text("is cancelled; it can no longer be decided")
