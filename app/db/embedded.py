@@ -13,7 +13,7 @@ from app.db.url import with_database
 DATABASE = "ledgerloop"
 
 
-def start_embedded(pgdata: Path) -> str:
+def start_embedded(pgdata: Path, *, keep_running: bool = True) -> str:
     """Start (or attach to) the embedded server under `pgdata`; return a URL to its database.
 
     The server outlives this process on purpose (pgserver's cleanup_mode=None), so the CLI,
@@ -22,7 +22,7 @@ def start_embedded(pgdata: Path) -> str:
     pgserver = import_pgserver()
 
     pgdata.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(pgdata.resolve(), cleanup_mode=None)
+    server = pgserver.get_server(pgdata.resolve(), cleanup_mode=None if keep_running else "stop")
     admin_url: str = server.get_uri()
     with (
         translated(admin_url, "creating the embedded database"),
