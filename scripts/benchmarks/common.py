@@ -1,0 +1,92 @@
+"""Shared set-up: a real Postgres (the test provider order), a fresh migrated database, the
+scripted model, and a worker running the benchmark inside its event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from app.config import Settings, load_settings
+from app.models.script import Script, parse_script
+from app.models.scripted_server import ScriptedModelServer
+from app.runtime import Runtime
+from app.testing.postgres import DatabaseFactory, postgres_server
+from app.testing.worker import WorkerThread
+from app.worker import WorkerOptions
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def database() -> Iterator[str]:
+    with postgres_server() as server:
+        factory = DatabaseFactory(server.admin_url)
+        url = factory.create()
+        try:
+            yield url
+        finally:
+            factory.drop(url)
+            factory.close()
+
+
+@contextmanager
+def scripted(text: str) -> Iterator[ScriptedModelServer]:
+    script: Script = parse_script(text)
+    with ScriptedModelServer(script) as server:
+        yield server
+
+
+def settings_for(url: str, model_url: str, **overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "database_url": url,
+        "anthropic_base_url": model_url,
+        "policy_file": REPO / "tool_policy.yaml",
+        "home": REPO / ".ledgerloop",
+        "queue_poll_s": 0.02,
+    }
+    return load_settings(**{**base, **overrides})
+
+
+def run_in_worker(
+    settings: Settings,
+    url: str,
+    body: Callable[[Runtime], Awaitable[dict[str, Any]]],
+    services: list[Any] | None = None,
+) -> dict[str, Any]:
+    """Start a worker, run `body` inside its event loop (where DBOS workflows run), stop."""
+    result: dict[str, Any] = {}
+
+    async def service(runtime: Runtime, stop: asyncio.Event) -> None:
+        try:
+            result.update(await body(runtime))
+        finally:
+            stop.set()
+
+    options = WorkerOptions(services=[*(services or []), service])
+    worker = WorkerThread(settings, url, options)
+    worker.start()
+    worker._thread.join(timeout=3600)
+    worker.stop()
+    return result
+
+
+def per_unit_ms(samples: list[float], units: int) -> float:
+    """Median of the samples, per unit, in milliseconds."""
+    return statistics.median(samples) / units * 1000
+
+
+async def timed(fn: Callable[[], Awaitable[Any]]) -> float:
+    start = time.perf_counter()
+    await fn()
+    return time.perf_counter() - start
+
+
+def report(title: str, rows: list[tuple[str, float, str]]) -> None:
+    print(f"\n{title}")
+    for name, value, note in rows:
+        print(f"  {name:<52} {value:>9.3f}  {note}")

@@ -1,0 +1,135 @@
+"""Think-step and read-tool-step overhead against bare DBOS steps doing the same work.
+
+Both sides run inside one DBOS workflow of N steps on the same worker, interleaved, so noise
+on this shared machine hits them alike. The bare think step calls the same scripted model with
+the same SDK client; the bare tool step calls the same tool handler. Target: <= 1.5x.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from dbos import DBOS
+
+from app.agent import steps
+from app.examples.ops_agent import OPS_AGENT, SearchArgs, search_kb
+from app.runs.start import start_run
+from app.runtime import Runtime
+from app.tools.registry import ToolContext
+from scripts.benchmarks.common import (
+    database,
+    per_unit_ms,
+    report,
+    run_in_worker,
+    scripted,
+    settings_for,
+    timed,
+)
+
+STEPS = 20
+ROUNDS = 12
+MESSAGES = [{"role": "user", "content": "db-1 disk is full"}]
+CALL = {"id": "toolu_bench", "name": "search_kb", "input": {"query": "disk full"}}
+
+
+async def _bare_model() -> dict[str, Any]:
+    from app.runtime import get_runtime
+
+    rt = get_runtime()
+    message = await rt.model.client.messages.create(
+        model=rt.model.model_for("cheap"),
+        max_tokens=OPS_AGENT.max_tokens,
+        system=OPS_AGENT.system,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        tools=[t.schema() for t in OPS_AGENT.tools],  # type: ignore[misc]
+    )
+    data: dict[str, Any] = message.model_dump(mode="json")
+    return data
+
+
+async def _bare_tool() -> Any:
+    assert search_kb.handler is not None
+    ctx = ToolContext("r", "c", "t", "k")
+    return await search_kb.handler(SearchArgs(query="disk full"), ctx)
+
+
+@DBOS.workflow(name="bench_bare_model")
+async def bench_bare_model(n: int) -> None:
+    for i in range(n):
+        await DBOS.run_step_async({"name": f"s-{i}"}, _bare_model)
+
+
+@DBOS.workflow(name="bench_bare_tool")
+async def bench_bare_tool(n: int) -> None:
+    for i in range(n):
+        await DBOS.run_step_async({"name": f"s-{i}"}, _bare_tool)
+
+
+@DBOS.workflow(name="bench_think")
+async def bench_think(run_id: str, n: int) -> None:
+    for i in range(n):
+        name = f"think-{i}"
+        await DBOS.run_step_async(
+            {"name": name}, steps.think, run_id, name, "ops", "cheap", MESSAGES
+        )
+
+
+@DBOS.workflow(name="bench_tool")
+async def bench_tool(run_id: str, tenant: str, n: int) -> None:
+    for i in range(n):
+        name = f"tool-{i}-bench"
+        await DBOS.run_step_async(
+            {"name": name}, steps.run_read_tool, run_id, tenant, name, "ops", CALL
+        )
+
+
+async def measure(runtime: Runtime) -> dict[str, Any]:
+    with runtime.pool.connection() as conn:
+        conn.autocommit = True
+        run_ids = [str(start_run(conn, agent="ops", input={"message": "bench"})) for _ in range(ROUNDS + 1)]
+        tenant = str(conn.execute("SELECT tenant_id FROM ledgerloop.agent_run LIMIT 1").fetchone()["tenant_id"])  # type: ignore[index]
+        # Runs exist only to own the steps; keep them out of the worker's queue.
+        conn.execute("DELETE FROM dbos.workflow_status WHERE workflow_uuid = ANY(%s)", (run_ids,))
+        conn.execute(
+            "UPDATE ledgerloop.agent_run SET status = 'planning' WHERE id = ANY(%s::uuid[])",
+            (run_ids,),
+        )
+
+    async def go(fn: Any, *args: Any) -> None:
+        await fn(*args)
+
+    samples: dict[str, list[float]] = {k: [] for k in ("bare_model", "think", "bare_tool", "tool")}
+    # One warm-up round, then interleaved rounds.
+    for r in range(ROUNDS + 1):
+        t_bare_model = await timed(lambda: go(bench_bare_model, STEPS))
+        t_think = await timed(lambda: go(bench_think, run_ids[r], STEPS))
+        t_bare_tool = await timed(lambda: go(bench_bare_tool, STEPS))
+        t_tool = await timed(lambda: go(bench_tool, run_ids[r], tenant, STEPS))
+        if r:
+            samples["bare_model"].append(t_bare_model)
+            samples["think"].append(t_think)
+            samples["bare_tool"].append(t_bare_tool)
+            samples["tool"].append(t_tool)
+    return {k: per_unit_ms(v, STEPS) for k, v in samples.items()}
+
+
+def main() -> None:
+    script = "default: {turns: [{tool_use: {name: search_kb, input: {query: disk}}}]}"
+    with database() as url, scripted(script) as model:
+        result = run_in_worker(settings_for(url, model.url), url, measure)
+    report(
+        f"loop steps ({STEPS} steps x {ROUNDS} rounds, median ms per step)",
+        [
+            ("bare DBOS step calling the model", result["bare_model"], "baseline"),
+            ("Ledgerloop think step", result["think"],
+             f"{result['think'] / result['bare_model']:.2f}x (target <= 1.5x)"),
+            ("bare DBOS step calling the tool handler", result["bare_tool"], "baseline"),
+            ("Ledgerloop read tool step", result["tool"],
+             f"{result['tool'] / result['bare_tool']:.2f}x (target <= 1.5x)"),
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()
