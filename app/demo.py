@@ -85,7 +85,7 @@ def run_demo(settings: Settings, url: str, say: Callable[[str], None]) -> Run:
                     reason="demo",
                 )
                 say(f"approved by {approver.name}")
-            run = _wait(
+            run: Run = _wait(
                 lambda: (r := run_require(conn, run_id)).status in TERMINAL and r, 120, "the run"
             )
             say("timeline:")

@@ -21,7 +21,7 @@ from dbos import DBOS, StepOptions
 from app.agent import steps
 from app.agent.definition import get_agent
 from app.agent.steps import CODE_STEP, MODEL_STEP, is_empty_turn
-from app.agent.tracing import earlier_executions, record_execution
+from app.agent.tracing import link_earlier_executions
 from app.faults import hit
 from app.models.client import Tier
 from app.runs.states import RunStatus
@@ -64,13 +64,10 @@ class AgentLoop:
         self.messages: list[dict[str, Any]] = ctx["messages"]
         # The new user message is saved with the first turn; history was saved by earlier runs.
         self.unsaved: list[dict[str, Any]] = self.messages[ctx["history_len"] :]
-        run_uuid = uuid.UUID(self.run_id)
         # Outside any step on purpose: every execution, replays included, is its own span.
-        links = await steps._db(earlier_executions, run_uuid)
-        with agent_span(
-            agent.name, self.run_id, tenant_id=self.tenant_id, links=links
-        ) as invocation:
-            await steps._db(record_execution, run_uuid, invocation.span_context)
+        with agent_span(agent.name, self.run_id, tenant_id=self.tenant_id) as invocation:
+            if invocation.span_context.is_valid:
+                await steps._db(link_earlier_executions, uuid.UUID(self.run_id), invocation.span)
             return await self._turns(ctx["now"])
 
     async def _turns(self, now: float) -> dict[str, Any]:
