@@ -7,7 +7,6 @@ the same SDK client; the bare tool step calls the same tool handler. Target: <= 
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from dbos import DBOS
@@ -87,8 +86,14 @@ async def bench_tool(run_id: str, tenant: str, n: int) -> None:
 async def measure(runtime: Runtime) -> dict[str, Any]:
     with runtime.pool.connection() as conn:
         conn.autocommit = True
-        run_ids = [str(start_run(conn, agent="ops", input={"message": "bench"})) for _ in range(ROUNDS + 1)]
-        tenant = str(conn.execute("SELECT tenant_id FROM ledgerloop.agent_run LIMIT 1").fetchone()["tenant_id"])  # type: ignore[index]
+        run_ids = [
+            str(start_run(conn, agent="ops", input={"message": "bench"})) for _ in range(ROUNDS + 1)
+        ]
+        tenant = str(
+            conn.execute("SELECT tenant_id FROM ledgerloop.agent_run LIMIT 1").fetchone()[
+                "tenant_id"
+            ]
+        )  # type: ignore[index]
         # Runs exist only to own the steps; keep them out of the worker's queue.
         conn.execute("DELETE FROM dbos.workflow_status WHERE workflow_uuid = ANY(%s)", (run_ids,))
         conn.execute(
@@ -102,10 +107,11 @@ async def measure(runtime: Runtime) -> dict[str, Any]:
     samples: dict[str, list[float]] = {k: [] for k in ("bare_model", "think", "bare_tool", "tool")}
     # One warm-up round, then interleaved rounds.
     for r in range(ROUNDS + 1):
+        run_id = run_ids[r]
         t_bare_model = await timed(lambda: go(bench_bare_model, STEPS))
-        t_think = await timed(lambda: go(bench_think, run_ids[r], STEPS))
+        t_think = await timed(lambda: go(bench_think, run_id, STEPS))  # noqa: B023
         t_bare_tool = await timed(lambda: go(bench_bare_tool, STEPS))
-        t_tool = await timed(lambda: go(bench_tool, run_ids[r], tenant, STEPS))
+        t_tool = await timed(lambda: go(bench_tool, run_id, tenant, STEPS))  # noqa: B023
         if r:
             samples["bare_model"].append(t_bare_model)
             samples["think"].append(t_think)
@@ -122,11 +128,17 @@ def main() -> None:
         f"loop steps ({STEPS} steps x {ROUNDS} rounds, median ms per step)",
         [
             ("bare DBOS step calling the model", result["bare_model"], "baseline"),
-            ("Ledgerloop think step", result["think"],
-             f"{result['think'] / result['bare_model']:.2f}x (target <= 1.5x)"),
+            (
+                "Ledgerloop think step",
+                result["think"],
+                f"{result['think'] / result['bare_model']:.2f}x (target <= 1.5x)",
+            ),
             ("bare DBOS step calling the tool handler", result["bare_tool"], "baseline"),
-            ("Ledgerloop read tool step", result["tool"],
-             f"{result['tool'] / result['bare_tool']:.2f}x (target <= 1.5x)"),
+            (
+                "Ledgerloop read tool step",
+                result["tool"],
+                f"{result['tool'] / result['bare_tool']:.2f}x (target <= 1.5x)",
+            ),
         ],
     )
 

@@ -4,10 +4,9 @@ Target: <= 5% per turn."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
-from dbos import DBOS, SetWorkflowID
+from dbos import SetWorkflowID
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
