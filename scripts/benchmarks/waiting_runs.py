@@ -1,0 +1,74 @@
+"""Many runs waiting for approval on one worker: resident memory and threads.
+
+Runs are async DBOS workflows, so a run parked in `awaiting_approval` holds no thread and no
+connection. The worker is a real `ledgerloop up` process; its RSS and thread count are read
+from /proc once every run waits. Target for 10,000 runs: <= 300 MB RSS, <= 50 threads.
+BENCH_WAITING_RUNS sets the count (default 10,000).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from app.db.connect import connect
+from app.runs.start import start_run
+from app.testing.postgres import wait_until
+from app.testing.processes import start_worker, stop_worker, worker_env
+from scripts.benchmarks.common import database, report, scripted
+
+N = int(os.environ.get("BENCH_WAITING_RUNS", "10000"))
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "Threads"):
+            fields[key] = int(value.split()[0])
+    return fields
+
+
+def main() -> None:
+    script = """
+default:
+  turns:
+    - tool_use: {name: write_ticket, input: {title: "wait for me", priority: low}}
+"""
+    with database() as url, scripted(script) as model:
+        env = worker_env(url, ANTHROPIC_BASE_URL=model.url)
+        worker = start_worker(env, "--no-relay")
+        try:
+            with connect(url, autocommit=True) as conn:
+                start = time.perf_counter()
+                for lo in range(0, N, 500):
+                    with conn.transaction():
+                        for i in range(lo, min(N, lo + 500)):
+                            start_run(conn, agent="ops", input={"message": f"run {i}"})
+                waiting_sql = (
+                    "SELECT count(*) AS n FROM ledgerloop.agent_run "
+                    "WHERE status = 'awaiting_approval'"
+                )
+                wait_until(
+                    lambda: conn.execute(waiting_sql).fetchone()["n"] >= N,  # type: ignore[index]
+                    timeout=3600,
+                    interval=1.0,
+                )
+                elapsed = time.perf_counter() - start
+                time.sleep(2)  # let the worker settle before reading its footprint
+                status = proc_status(worker.pid)
+        finally:
+            stop_worker(worker)
+    report(
+        f"{N} runs waiting for approval on one worker",
+        [
+            ("resident memory (MB)", status["VmRSS"] / 1024, "target <= 300 MB"),
+            ("threads", status["Threads"], "target <= 50"),
+            ("time to park them all (s)", elapsed, f"{N / elapsed:.0f} runs/s"),
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()
