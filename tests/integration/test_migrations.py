@@ -16,7 +16,7 @@ from app.testing.postgres import DatabaseFactory
 
 
 def _cli(*args: str, url: str | None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERLOOP_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGERLOOP_", "ANTHROPIC_"))}
     if url is not None:
         env["LEDGERLOOP_DATABASE_URL"] = url
     return subprocess.run(
@@ -145,3 +145,26 @@ def test_role_without_privileges_is_one_line_exit_2(empty_db: str) -> None:
     url = with_database(empty_db, str(info["dbname"])).replace("postgres@", f"{role}@", 1)
     result = _cli("db", "upgrade", url=url)
     _assert_one_clear_line(result, "refused", "permission denied", "GRANT CREATE")
+
+
+def test_up_refuses_an_outdated_schema_naming_the_fix(empty_db: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGERLOOP_", "ANTHROPIC_"))}
+    env.update(
+        {
+            "LEDGERLOOP_DATABASE_URL": empty_db,
+            "ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
+        }
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "app.cli", "up", "--no-http", "--no-relay"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    _assert_one_clear_line(result, "not current", "ledgerloop db upgrade")
+
+
+def test_up_without_model_access_is_one_clear_line(db_url: str) -> None:
+    result = _cli("up", "--no-http", "--no-relay", url=db_url)
+    _assert_one_clear_line(result, "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
