@@ -189,6 +189,7 @@ def test_lookup_kind_settles_by_lookup_without_resending(
         "created": 1,
         "by_kind": {"idempotent": 0, "lookup": 1, "plain": 0},
         "requests": 1,
+        "closed": 0,
     }
     assert statuses(conn, effect) == ["outcome_unknown", "succeeded"]
 

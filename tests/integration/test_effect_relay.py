@@ -156,6 +156,7 @@ def test_refusals_are_retried_until_success(
         "created": 1,
         "by_kind": {"idempotent": 0, "lookup": 0, "plain": 1},
         "requests": 3,
+        "closed": 0,
     }
     assert statuses(conn, effect) == ["succeeded"]  # retries are not reported
 

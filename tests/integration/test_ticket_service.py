@@ -161,6 +161,7 @@ def test_refusals_create_nothing(client: httpx.Client, mode: str, status: int) -
         "created": 1,
         "by_kind": {"idempotent": 1, "lookup": 0, "plain": 0},
         "requests": 2,
+        "closed": 0,
     }
 
 
@@ -267,6 +268,7 @@ def test_reset_clears_tickets_faults_and_counts(client: httpx.Client) -> None:
         "created": 0,
         "by_kind": {"idempotent": 0, "lookup": 0, "plain": 0},
         "requests": 0,
+        "closed": 0,
     }
     assert client.get("/_faults").json() == {"faults": []}
     assert client.get("/idempotent/tickets/by-key/k").status_code == 404
@@ -307,3 +309,14 @@ def test_module_entry_point_serves_and_stops_cleanly_on_sigint() -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_close_is_idempotent_and_counted() -> None:
+    with TicketServiceThread() as service, httpx.Client(base_url=service.url) as client:
+        created = client.post("/plain/tickets", json={"title": "t"}).json()
+        first = client.post(f"/tickets/{created['id']}/close")
+        again = client.post(f"/tickets/{created['id']}/close")
+        assert first.json() == {"id": created["id"], "closed": True, "already_closed": False}
+        assert again.json()["already_closed"] is True
+        assert client.post("/tickets/TCK-999999/close").status_code == 404
+        assert client.get("/_stats").json()["closed"] == 1
