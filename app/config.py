@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
     queue_poll_s: float = Field(default=0.05, gt=0, le=5)
+    #: DBOS's thread pool (its database I/O and our store calls run there). DBOS leaves it
+    #: unbounded; a bound keeps thousands of concurrent runs from becoming thousands of threads.
+    worker_threads: int = Field(default=16, ge=2, le=512)
 
     @field_validator("app_name")
     @classmethod
@@ -150,6 +153,7 @@ class Settings(BaseSettings):
             "serializer": DBOSPortableJSONSerializer(),
             # Migrations run under `ledgerloop db upgrade`, with its lock; workers only verify.
             "run_migrations": False,
+            "max_executor_threads": self.worker_threads,
             "log_level": os.environ.get("LEDGERLOOP_DBOS_LOG_LEVEL", "WARNING"),
         }
 
