@@ -110,7 +110,7 @@ async def request_approval(
             "now": now,
         }
 
-    result: dict[str, Any] = await steps._db(record)
+    result: dict[str, Any] = await steps.db_call(record)
     return result
 
 
@@ -119,7 +119,7 @@ async def expire_approval(run_id: str, approval_id: str) -> dict[str, Any]:
         approval = approval_expire(conn, uuid.UUID(approval_id))
         return {"status": str(approval.status)}
 
-    result: dict[str, Any] = await steps._db(expire)
+    result: dict[str, Any] = await steps.db_call(expire)
     return result
 
 
@@ -193,7 +193,7 @@ async def record_effect(
                 )
             return {"key": effect.key, "status": str(effect.status)}
 
-        recorded: dict[str, Any] = await steps._db(record)
+        recorded: dict[str, Any] = await steps.db_call(record)
         span.set_effect_status(recorded["status"])
         return recorded
 
@@ -383,7 +383,7 @@ async def record_compensation(
             effect = compensation_begin(conn, effect_require(conn, key), delivery)
         return {"key": effect.key, "status": str(effect.status)}
 
-    result: dict[str, Any] = await steps._db(record)
+    result: dict[str, Any] = await steps.db_call(record)
     return result
 
 

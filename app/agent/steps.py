@@ -34,7 +34,7 @@ CODE_STEP: StepOptions = {"retries_allowed": True, "max_attempts": 3, "interval_
 MODEL_STEP: StepOptions = {"retries_allowed": False}
 
 
-async def _db(fn: Any, *args: Any, **kwargs: Any) -> Any:
+async def db_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run a sync store function on a pooled connection, off the event loop."""
 
     def call() -> Any:
@@ -91,7 +91,7 @@ def _memory_load(conn: Conn, run_id: uuid.UUID) -> dict[str, Any]:
 
 
 async def memory_load(run_id: str) -> dict[str, Any]:
-    result: dict[str, Any] = await _db(_memory_load, uuid.UUID(run_id))
+    result: dict[str, Any] = await db_call(_memory_load, uuid.UUID(run_id))
     return result
 
 
@@ -135,7 +135,7 @@ async def memory_save(
     event_payload: dict[str, Any],
     state_patch: dict[str, Any],
 ) -> dict[str, Any]:
-    result: dict[str, Any] = await _db(
+    result: dict[str, Any] = await db_call(
         _memory_save,
         uuid.UUID(run_id),
         uuid.UUID(tenant_id),
@@ -161,7 +161,7 @@ def _finish(
 
 async def finish(run_id: str, target: str, event: str, payload: dict[str, Any]) -> dict[str, Any]:
     """Move the run to a terminal status with the reason in its state and history."""
-    result: dict[str, Any] = await _db(_finish, uuid.UUID(run_id), target, event, payload)
+    result: dict[str, Any] = await db_call(_finish, uuid.UUID(run_id), target, event, payload)
     return result
 
 
@@ -175,7 +175,7 @@ async def transition(
             run = run_ensure_status(conn, uuid.UUID(run_id), RunStatus(target), event, payload)
         return {"status": run.status.value, "now": time.time()}
 
-    result: dict[str, Any] = await _db(move)
+    result: dict[str, Any] = await db_call(move)
     return result
 
 
@@ -279,7 +279,7 @@ async def run_read_tool(
                 return tool_result(call_id, json.dumps(outcome["error"]), is_error=True)
             output = outcome["output"]
             _cache_put(name, call.get("input"), policy.cache_ttl_s, output)
-        offloaded = await _db(
+        offloaded = await db_call(
             offload_if_large,
             _as_text(output),
             limit_bytes=rt.settings.payload_offload_bytes,
