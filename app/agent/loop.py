@@ -67,7 +67,9 @@ class AgentLoop:
         # Outside any step on purpose: every execution, replays included, is its own span.
         with agent_span(agent.name, self.run_id, tenant_id=self.tenant_id) as invocation:
             if invocation.span_context.is_valid:
-                await steps.db_call(link_earlier_executions, uuid.UUID(self.run_id), invocation.span)
+                await steps.db_call(
+                    link_earlier_executions, uuid.UUID(self.run_id), invocation.span
+                )
             return await self._turns(ctx["now"])
 
     async def _turns(self, now: float) -> dict[str, Any]:
