@@ -408,6 +408,17 @@ def effects_resolve(
     typer.echo(f"effect {effect.key}: {effect.status.value}{f' ({detail})' if detail else ''}")
 
 
+@cli.command("demo")
+@user_errors
+def demo() -> None:
+    """Run the ops agent end to end (embedded Postgres and scripted model when unconfigured)."""
+    from app.demo import demo_succeeded, run_demo
+
+    run = run_demo(load_settings(), _database_url(), typer.echo)
+    if not demo_succeeded(run):
+        raise typer.Exit(1)
+
+
 @cli.command("relay")
 @user_errors
 def relay() -> None:

@@ -71,6 +71,15 @@ async def run_worker(
     runtime = prepare(settings, url, trace_console=options.trace_console)
     install(runtime)
     tasks: list[asyncio.Task[None]] = []
+    failures: list[BaseException] = []
+
+    def watch(task: asyncio.Task[None]) -> None:
+        # A service that dies (the HTTP port is taken, say) stops the worker, and its error
+        # becomes the worker's: `ledgerloop up` then exits with that one line, not 0.
+        if not task.cancelled() and task.exception() is not None:
+            failures.append(task.exception())  # type: ignore[arg-type]
+            stop.set()
+
     try:
         # Register before launching: a row that exists can never look like a dead executor
         # that had no chance to heartbeat.
@@ -88,6 +97,8 @@ async def run_worker(
         )
         for service in options.services:
             tasks.append(asyncio.create_task(service(runtime, stop)))
+        for task in tasks:
+            task.add_done_callback(watch)
         if ready:
             ready(runtime)
         await stop.wait()
@@ -105,3 +116,5 @@ async def run_worker(
         await runtime.model.client.close()
         runtime.pool.close()
         install(None)
+    if failures:
+        raise failures[0]

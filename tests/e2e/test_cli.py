@@ -109,7 +109,7 @@ def test_runs_start_list_and_show(invoke: Invoke, conn: Conn) -> None:
     assert "└── " in tree
 
     unknown = invoke("runs", "start", "nobody", "--message", "hi")
-    assert "unknown agent 'nobody'; known agents: ops" in one_line_error(unknown)
+    assert re.search(r"unknown agent 'nobody'; known agents: .*\bops\b", one_line_error(unknown))
     bad_input = invoke("runs", "start", "ops", "--input", "[1, 2]")
     assert "--input must be a JSON object" in one_line_error(bad_input)
     missing = invoke("runs", "show", str(uuid.uuid4()))
@@ -247,3 +247,32 @@ def test_up_serves_the_api_until_sigterm(
             proc.kill()
             proc.wait()
     assert f"up on http://127.0.0.1:{port}" in log.read_text()
+
+
+def test_up_with_a_busy_http_port_stops_and_says_why(db_url: str, tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = worker_env(
+            db_url, ANTHROPIC_BASE_URL="http://127.0.0.1:9", LEDGERLOOP_HTTP_PORT=str(port)
+        )
+        log = tmp_path / "up.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "up", "--no-relay"],
+                env=env,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    output = log.read_text()
+    assert proc.returncode == 2, output
+    assert f"cannot serve HTTP on 127.0.0.1:{port}" in output
+    assert "Traceback" not in output

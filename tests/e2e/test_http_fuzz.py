@@ -31,7 +31,7 @@ from tests.e2e.conftest import AGENTS, ServerThread, bearer, parked_effect, run_
 
 pytestmark = pytest.mark.e2e
 
-MAX_EXAMPLES = 25
+MAX_EXAMPLES = 100
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
