@@ -298,3 +298,13 @@ def effect_resolve(
         # The row is locked, so the guarded update cannot miss.
         assert moved is not None, f"effect {key} changed under its lock"
         return Effect.from_row(moved)
+
+
+def effects_cancel_pending(conn: Conn, run_id: uuid.UUID) -> list[str]:
+    """Close the undelivered effects of a cancelled run; returns their keys.
+
+    Cancelling stops pending work and undoes nothing: an effect a relay already claimed is in
+    flight and settles as usual, and a compensation still goes out.
+    """
+    rows = conn.execute(Q["effects_cancel_pending_for_run"], {"run_id": run_id}).fetchall()
+    return [row["idempotency_key"] for row in rows]

@@ -255,3 +255,24 @@ RETURNING o.idempotency_key
 SELECT extract(epoch FROM min(available_at) - now())::float8 AS due_in_s
 FROM ledgerloop.outbox
 WHERE status = 'pending'
+
+-- name: effects_cancel_pending_for_run
+-- A cancelled run stops pending work: outbox rows no relay has claimed yet are closed, and
+-- their effects fail with the reason. Claimed rows are in flight and settle as usual;
+-- compensations are undo work and still go out.
+WITH closed AS (
+  UPDATE ledgerloop.outbox o
+  SET status = 'dead', last_error = 'run cancelled before delivery'
+  FROM ledgerloop.activity_effect e
+  WHERE o.idempotency_key = e.idempotency_key
+    AND e.run_id = %(run_id)s
+    AND e.compensates IS NULL
+    AND e.status = 'pending'
+    AND o.status = 'pending'
+  RETURNING o.idempotency_key
+)
+UPDATE ledgerloop.activity_effect e
+SET status = 'failed', error = 'run cancelled before delivery', updated_at = now()
+FROM closed
+WHERE e.idempotency_key = closed.idempotency_key
+RETURNING e.idempotency_key

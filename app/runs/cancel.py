@@ -23,6 +23,7 @@ from typing import ClassVar, LiteralString
 
 from app.approvals.store import approval_cancel_for_run
 from app.db.connect import Conn
+from app.effects.ledger import effects_cancel_pending
 from app.errors import LedgerloopError
 from app.runs.states import TERMINAL, RunStatus
 from app.runs.store import Run, RunNotFound, StaleRun, run_require, run_transition
@@ -90,6 +91,7 @@ def cancel_run(
                 # After the run update, as approval_decide expects: a decision racing this
                 # either committed first or now sees the cancelled run.
                 approvals = approval_cancel_for_run(conn, run_id)
+                effects_cancel_pending(conn, run_id)
                 workflow = conn.execute(_CANCEL_WORKFLOW, {"workflow_id": str(run_id)}).fetchone()
             return Cancellation(moved, approvals, workflow is not None)
         except StaleRun:

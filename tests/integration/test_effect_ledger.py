@@ -372,3 +372,27 @@ def test_an_operator_in_a_tenant_scope_resolves_and_the_workflow_hears(conn: Con
     [*_, sent] = messages_for(conn, run_id)
     assert sent["message"]["status"] == "succeeded"
     assert sent["message"]["external_reference"] == "T-7"
+
+
+def test_cancelling_a_run_closes_its_undelivered_effects_only(conn: Conn) -> None:
+    from app.effects.ledger import effect_require
+    from app.runs.cancel import cancel_run
+    from app.runs.states import RunStatus
+    from app.runs.store import run_require, run_transition
+
+    run_id = new_run(conn)
+    run_transition(conn, run_require(conn, run_id), RunStatus.PLANNING, "planning")
+    waiting = begin(conn, run_id, "call-1")
+    in_flight = begin(conn, run_id, "call-2", body={**BODY, "title": "second"})
+    conn.execute(
+        "UPDATE ledgerloop.outbox SET status = 'claimed' WHERE idempotency_key = %s",
+        (in_flight.key,),
+    )
+    cancel_run(conn, run_id, requested_by="test")
+    closed = effect_require(conn, waiting.key)
+    assert closed.status is EffectStatus.FAILED
+    assert closed.error == "run cancelled before delivery"
+    assert [r["status"] for r in outbox_rows(conn, waiting.key)] == ["dead"]
+    # Work a relay already claimed is in flight: cancelling undoes nothing.
+    assert effect_require(conn, in_flight.key).status is EffectStatus.PENDING
+    assert [r["status"] for r in outbox_rows(conn, in_flight.key)] == ["claimed"]
