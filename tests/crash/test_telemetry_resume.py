@@ -4,7 +4,6 @@ execution that died. Exported over OTLP/HTTP from real worker processes to a rea
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,20 +14,15 @@ from app.db.connect import Conn
 from app.runs.states import RunStatus
 from app.testing.processes import worker_env, worker_process
 from tests.conftest import start_test_run, wait_terminal
-from tests.support.otlp import Receiver
+from tests.support.otlp import Receiver, running_receiver
 
 pytestmark = pytest.mark.crash
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+    with running_receiver() as server:
+        yield server
 
 
 def test_resumed_run_emits_no_duplicate_spans_and_links_back(

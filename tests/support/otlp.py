@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -66,3 +68,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:  # keep test output clean
         pass
+
+
+@contextmanager
+def running_receiver() -> Iterator[Receiver]:
+    """A Receiver serving on a background thread for the length of the block."""
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,20 +21,15 @@ from app.telemetry import semconv as sc
 from app.telemetry.content import CaptureMode
 from app.telemetry.setup import GRPC_PACKAGE, build_providers
 from app.telemetry.spans import McpCall, Telemetry, agent_span, chat_span, tool_span
-from tests.support.otlp import Receiver
+from tests.support.otlp import Receiver, running_receiver
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+    with running_receiver() as server:
+        yield server
 
 
 def test_spans_reach_a_real_otlp_http_receiver(receiver: Receiver) -> None:
