@@ -95,12 +95,14 @@ class AgentLoop:
                 return await self._finish(
                     RunStatus.FAILED, "empty_turns", {"empty_turns": empty_turns}
                 )
-            assistant = {"role": "assistant", "content": response["content"]}
-            calls = [b for b in response["content"] if b.get("type") == "tool_use"]
+            content: list[dict[str, Any]] = response["content"]
+            # Only the content is needed from here on; a run may now wait hours for an
+            # approval, and thousands of waiting runs should not each hold a whole response.
+            del think, response
+            assistant = {"role": "assistant", "content": content}
+            calls = [b for b in content if b.get("type") == "tool_use"]
             if not calls:
-                text = "".join(
-                    b.get("text", "") for b in response["content"] if b["type"] == "text"
-                )
+                text = "".join(b.get("text", "") for b in content if b["type"] == "text")
                 problem = self.agent.validate_answer(text) if self.agent.validate_answer else None
                 if problem is None:
                     return await self._save_turn(

@@ -221,6 +221,9 @@ def _message(reply: Reply, model: str, key: str, turn: int, request_size: int) -
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    # The stdlib's listen backlog is 5: a worker opening many connections at once (thousands
+    # of runs thinking together) would see "connection refused" instead of a queue.
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], responder: _Responder) -> None:
         super().__init__(address, _Handler)

@@ -46,15 +46,20 @@ default:
                     with conn.transaction():
                         for i in range(lo, min(N, lo + 500)):
                             start_run(conn, agent="ops", input={"message": f"run {i}"})
-                waiting_sql = (
-                    "SELECT count(*) AS n FROM ledgerloop.agent_run "
-                    "WHERE status = 'awaiting_approval'"
+                parked_sql = (
+                    "SELECT count(*) FILTER (WHERE status = 'awaiting_approval') AS waiting, "
+                    "count(*) FILTER (WHERE status IN ('failed', 'cancelled')) AS lost "
+                    "FROM ledgerloop.agent_run"
                 )
-                wait_until(
-                    lambda: conn.execute(waiting_sql).fetchone()["n"] >= N,  # type: ignore[index]
-                    timeout=3600,
-                    interval=1.0,
-                )
+
+                def parked() -> bool:
+                    row = conn.execute(parked_sql).fetchone()
+                    assert row is not None
+                    return bool(row["waiting"] + row["lost"] >= N)
+
+                wait_until(parked, timeout=3600, interval=1.0)
+                counts = conn.execute(parked_sql).fetchone()
+                assert counts is not None
                 elapsed = time.perf_counter() - start
                 time.sleep(2)  # let the worker settle before reading its footprint
                 status = proc_status(worker.pid)
@@ -66,6 +71,7 @@ default:
             ("resident memory (MB)", status["VmRSS"] / 1024, "target <= 300 MB"),
             ("threads", status["Threads"], "target <= 50"),
             ("time to park them all (s)", elapsed, f"{N / elapsed:.0f} runs/s"),
+            ("runs that failed instead of waiting", counts["lost"], "expected 0"),
         ],
     )
 
