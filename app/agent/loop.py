@@ -12,7 +12,6 @@ comes from them), so a resumed run makes the same decisions it made before.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +20,11 @@ from dbos import DBOS, StepOptions
 from app.agent import steps
 from app.agent.definition import get_agent
 from app.agent.steps import CODE_STEP, MODEL_STEP, is_empty_turn
-from app.agent.tracing import link_earlier_executions
 from app.faults import hit
 from app.models.client import Tier
 from app.runs.states import RunStatus
 from app.runtime import get_runtime
-from app.telemetry import agent_span
+from app.telemetry import agent_span, span_context_from_dict, span_context_to_dict
 from app.tools.registry import ToolKind
 
 WORKFLOW_NAME = "ledgerloop_run"
@@ -51,25 +49,30 @@ class AgentLoop:
         self.compensable: list[dict[str, Any]] = []
 
     async def run(self) -> dict[str, Any]:
-        ctx: dict[str, Any] = await _step("memory-load", CODE_STEP, steps.memory_load, self.run_id)
-        if "terminal" in ctx:
-            return {"status": ctx["terminal"]}
-        agent = get_agent(ctx["agent"])
-        assert agent is not None  # memory-load failed the run otherwise
-        self.agent = agent
-        self.tenant_id: str = ctx["tenant_id"]
-        self.conversation_id: str = ctx["conversation_id"]
-        self.deadline: float = ctx["deadline"]
-        self.saved = 0  # messages of this run already in memory
-        self.messages: list[dict[str, Any]] = ctx["messages"]
-        # The new user message is saved with the first turn; history was saved by earlier runs.
-        self.unsaved: list[dict[str, Any]] = self.messages[ctx["history_len"] :]
-        # Outside any step on purpose: every execution, replays included, is its own span.
-        with agent_span(agent.name, self.run_id, tenant_id=self.tenant_id) as invocation:
-            if invocation.span_context.is_valid:
-                await steps.db_call(
-                    link_earlier_executions, uuid.UUID(self.run_id), invocation.span
-                )
+        # Every execution, replays included, is its own invoke_agent span (so it is opened
+        # outside any step); the agent's name is known once memory-load has read the run.
+        with agent_span("", self.run_id) as invocation:
+            here = span_context_to_dict(invocation.span_context)
+            ctx: dict[str, Any] = await _step(
+                "memory-load", CODE_STEP, steps.memory_load, self.run_id, here
+            )
+            if "terminal" in ctx:
+                return {"status": ctx["terminal"]}
+            agent = get_agent(ctx["agent"])
+            assert agent is not None  # memory-load failed the run otherwise
+            invocation.name_agent(agent.name)
+            first = ctx.get("trace") or {}
+            if first and first != here:
+                # A resumed execution: link to the execution that started the run.
+                invocation.span.add_link(span_context_from_dict(first))
+            self.agent = agent
+            self.tenant_id: str = ctx["tenant_id"]
+            self.conversation_id: str = ctx["conversation_id"]
+            self.deadline: float = ctx["deadline"]
+            self.saved = 0  # messages of this run already in memory
+            self.messages: list[dict[str, Any]] = ctx["messages"]
+            # The new user message is saved with the first turn; history by earlier runs.
+            self.unsaved: list[dict[str, Any]] = self.messages[ctx["history_len"] :]
             return await self._turns(ctx["now"])
 
     async def _turns(self, now: float) -> dict[str, Any]:

@@ -23,19 +23,3 @@ ON CONFLICT (id) DO NOTHING
 SELECT id, tenant_id, run_id, kind, size_bytes, sha256, content, created_at
 FROM ledgerloop.payload
 WHERE id = %(id)s
-
--- name: run_trace_link_swap
--- Telemetry metadata, not a state change: no version bump, no event. One round trip appends
--- this execution's span context and returns the earlier ones; the row lock orders concurrent
--- executions, so none is lost.
-WITH prev AS (
-  SELECT id, coalesce(state->'trace_links', '[]'::jsonb) AS links
-  FROM ledgerloop.agent_run
-  WHERE id = %(run_id)s
-  FOR UPDATE
-)
-UPDATE ledgerloop.agent_run r
-SET state = jsonb_set(r.state, '{trace_links}', prev.links || %(link)s)
-FROM prev
-WHERE r.id = prev.id
-RETURNING prev.links

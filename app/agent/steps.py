@@ -54,10 +54,13 @@ def _require_agent(name: str) -> Agent:
 # -- memory ------------------------------------------------------------------------------
 
 
-def _memory_load(conn: Conn, run_id: uuid.UUID) -> dict[str, Any]:
+def _memory_load(conn: Conn, run_id: uuid.UUID, trace: dict[str, str]) -> dict[str, Any]:
     rt = get_runtime()
     run = run_require(conn, run_id)
     base = {
+        # The first execution's span context, journaled with this step: a resumed execution
+        # replays it and links its own invoke_agent span to it, at no extra cost.
+        "trace": trace,
         "agent": run.agent,
         "tenant_id": str(run.tenant_id),
         "now": time.time(),
@@ -90,8 +93,8 @@ def _memory_load(conn: Conn, run_id: uuid.UUID) -> dict[str, Any]:
     }
 
 
-async def memory_load(run_id: str) -> dict[str, Any]:
-    result: dict[str, Any] = await db_call(_memory_load, uuid.UUID(run_id))
+async def memory_load(run_id: str, trace: dict[str, str]) -> dict[str, Any]:
+    result: dict[str, Any] = await db_call(_memory_load, uuid.UUID(run_id), trace)
     return result
 
 

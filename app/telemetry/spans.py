@@ -156,6 +156,12 @@ class AgentInvocation:
     def span_context(self) -> SpanContext:
         return self.span.get_span_context()
 
+    def name_agent(self, agent_name: str) -> None:
+        """Name the agent once it is known (a durable run learns it from its first step)."""
+        self.agent_name = agent_name
+        self.span.update_name(sc.agent_span_name(agent_name))
+        self.span.set_attribute(sc.GEN_AI_AGENT_NAME, agent_name)
+
     def _add_usage(self, input_tokens: int, output_tokens: int) -> None:
         self._usage_seen = True
         self.input_tokens += input_tokens

@@ -26,7 +26,7 @@ from scripts.benchmarks.common import (
     timed,
 )
 
-RUNS = 30
+RUNS = 100
 TURNS = 2
 
 

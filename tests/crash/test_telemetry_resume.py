@@ -4,6 +4,7 @@ execution that died. Exported over OTLP/HTTP from real worker processes to a rea
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,10 +58,13 @@ def test_resumed_run_emits_no_duplicate_spans_and_links_back(
     in_resumed = [s.name for s in spans if s.trace_id == trace]
     # think-0 and the echo tool ran before the kill; the resumed execution replayed them.
     assert sorted(in_resumed) == ["chat claude-haiku-4-5", "invoke_agent looper"]
-    # The link points at the execution that died.
-    stored = conn.execute(
-        "SELECT state->'trace_links' AS links FROM ledgerloop.agent_run WHERE id = %s", (run_id,)
+    # The link points at the execution that died, as recorded in the run's journal.
+    journal = conn.execute(
+        "SELECT output FROM dbos.operation_outputs WHERE workflow_uuid = %s AND function_id = 1",
+        (str(run_id),),
     ).fetchone()
-    assert stored is not None
-    assert len(stored["links"]) == 2
-    assert resumed[0].links[0].span_id.hex() == stored["links"][0]["span_id"]
+    assert journal is not None
+    first = json.loads(journal["output"])["trace"]
+    assert resumed[0].links[0].span_id.hex() == first["span_id"]
+    assert resumed[0].links[0].trace_id.hex() == first["trace_id"]
+    assert resumed[0].trace_id.hex() != first["trace_id"]
