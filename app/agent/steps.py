@@ -11,7 +11,9 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from dbos import StepOptions
 from pydantic import ValidationError
@@ -27,6 +29,9 @@ from app.telemetry import chat_span, empty_turn, tool_span
 from app.tools.errors import NonRetryableToolError, RetryableToolError
 from app.tools.payloads import offload_if_large
 from app.tools.registry import ToolContext, ToolKind
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: Code steps (memory, bookkeeping): 3 attempts within about 30 s.
 CODE_STEP: StepOptions = {"retries_allowed": True, "max_attempts": 3, "interval_seconds": 1.0}
@@ -44,6 +49,20 @@ async def db_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(call)
 
 
+def pooled(fn: Callable[Concatenate[Conn, P], R]) -> Callable[P, R]:
+    """A store function as a step body: it borrows a pooled connection for the call.
+
+    DBOS runs a sync step body on its thread pool, so the event loop never blocks on it.
+    """
+
+    @wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        with get_runtime().pool.connection() as conn:
+            return fn(conn, *args, **kwargs)
+
+    return call
+
+
 def _require_agent(name: str) -> Agent:
     agent = get_agent(name)
     if agent is None:
@@ -54,8 +73,10 @@ def _require_agent(name: str) -> Agent:
 # -- memory ------------------------------------------------------------------------------
 
 
-def _memory_load(conn: Conn, run_id: uuid.UUID, trace: dict[str, str]) -> dict[str, Any]:
+@pooled
+def memory_load(conn: Conn, run_key: str, trace: dict[str, str]) -> dict[str, Any]:
     rt = get_runtime()
+    run_id = uuid.UUID(run_key)
     run = run_require(conn, run_id)
     base = {
         # The first execution's span context, journaled with this step: a resumed execution
@@ -93,40 +114,9 @@ def _memory_load(conn: Conn, run_id: uuid.UUID, trace: dict[str, str]) -> dict[s
     }
 
 
-async def memory_load(run_id: str, trace: dict[str, str]) -> dict[str, Any]:
-    result: dict[str, Any] = await db_call(_memory_load, uuid.UUID(run_id), trace)
-    return result
-
-
-def _memory_save(
+@pooled
+def memory_save(
     conn: Conn,
-    run_id: uuid.UUID,
-    tenant_id: uuid.UUID,
-    conversation_id: str,
-    turn: int,
-    first_sequence: int,
-    messages: list[dict[str, Any]],
-    target: str,
-    event: str,
-    event_payload: dict[str, Any],
-    state_patch: dict[str, Any],
-) -> dict[str, Any]:
-    # The turn's messages and the run's next status commit together.
-    with conn.transaction():
-        messages_append(
-            conn,
-            run_id=run_id,
-            tenant_id=tenant_id,
-            conversation_id=conversation_id,
-            turn=turn,
-            first_sequence=first_sequence,
-            messages=messages,
-        )
-        run = run_ensure_status(conn, run_id, RunStatus(target), event, event_payload, state_patch)
-    return {"status": run.status.value, "now": time.time()}
-
-
-async def memory_save(
     run_id: str,
     tenant_id: str,
     conversation_id: str,
@@ -138,48 +128,41 @@ async def memory_save(
     event_payload: dict[str, Any],
     state_patch: dict[str, Any],
 ) -> dict[str, Any]:
-    result: dict[str, Any] = await db_call(
-        _memory_save,
-        uuid.UUID(run_id),
-        uuid.UUID(tenant_id),
-        conversation_id,
-        turn,
-        first_sequence,
-        messages,
-        target,
-        event,
-        event_payload,
-        state_patch,
-    )
-    return result
-
-
-def _finish(
-    conn: Conn, run_id: uuid.UUID, target: str, event: str, payload: dict[str, Any]
-) -> dict[str, Any]:
+    """Append the turn's messages; they and the run's next status commit together."""
     with conn.transaction():
-        run = run_ensure_status(conn, run_id, RunStatus(target), event, payload, payload)
+        messages_append(
+            conn,
+            run_id=uuid.UUID(run_id),
+            tenant_id=uuid.UUID(tenant_id),
+            conversation_id=conversation_id,
+            turn=turn,
+            first_sequence=first_sequence,
+            messages=messages,
+        )
+        run = run_ensure_status(
+            conn, uuid.UUID(run_id), RunStatus(target), event, event_payload, state_patch
+        )
+    return {"status": run.status.value, "now": time.time()}
+
+
+@pooled
+def finish(
+    conn: Conn, run_id: str, target: str, event: str, payload: dict[str, Any]
+) -> dict[str, Any]:
+    """Move the run to a terminal status with the reason in its state and history."""
+    with conn.transaction():
+        run = run_ensure_status(conn, uuid.UUID(run_id), RunStatus(target), event, payload, payload)
     return {"status": run.status.value}
 
 
-async def finish(run_id: str, target: str, event: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """Move the run to a terminal status with the reason in its state and history."""
-    result: dict[str, Any] = await db_call(_finish, uuid.UUID(run_id), target, event, payload)
-    return result
-
-
-async def transition(
-    run_id: str, target: str, event: str, payload: dict[str, Any]
+@pooled
+def transition(
+    conn: Conn, run_id: str, target: str, event: str, payload: dict[str, Any]
 ) -> dict[str, Any]:
     """A bare status move, for waits (awaiting_approval, reconciling)."""
-
-    def move(conn: Conn) -> dict[str, Any]:
-        with conn.transaction():
-            run = run_ensure_status(conn, uuid.UUID(run_id), RunStatus(target), event, payload)
-        return {"status": run.status.value, "now": time.time()}
-
-    result: dict[str, Any] = await db_call(move)
-    return result
+    with conn.transaction():
+        run = run_ensure_status(conn, uuid.UUID(run_id), RunStatus(target), event, payload)
+    return {"status": run.status.value, "now": time.time()}
 
 
 # -- think -------------------------------------------------------------------------------
@@ -254,7 +237,9 @@ async def run_read_tool(
     rt = get_runtime()
     agent = _require_agent(agent_name)
     call_id, name = str(call["id"]), str(call["name"])
-    await transition(run_id, RunStatus.EXECUTING.value, "executing", {"tool_call_id": call_id})
+    await asyncio.to_thread(
+        transition, run_id, RunStatus.EXECUTING.value, "executing", {"tool_call_id": call_id}
+    )
     with tool_span(name, call_id, run_id=run_id, step_name=step_name) as span:
         tool = agent.tool(name)
         if tool is None:
