@@ -19,7 +19,3 @@ def hit(name: str) -> None:
     if name in _ENABLED:
         # Flush nothing, release nothing: exactly what a power cut or OOM kill leaves behind.
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def enabled(name: str) -> bool:
-    return name in _ENABLED

@@ -12,6 +12,7 @@ from app.db.connect import Conn
 from app.runs.states import RunStatus
 from app.runs.store import run_events
 from app.testing.worker import WorkerThread
+from app.tools.payloads import payload_get
 from tests.conftest import start_test_run, wait_terminal
 from tests.support import agents as test_agents
 
@@ -222,6 +223,9 @@ def test_large_tool_output_is_offloaded(conn: Conn, scripted_model: Any, worker:
     ).fetchone()
     assert payload is not None
     assert payload["size_bytes"] == 200 * 1024
+    stored = payload_get(conn, payload["id"])
+    assert stored is not None
+    assert stored["content"] == "x" * (200 * 1024)
     seen = _tool_results(model.requests()[1])[0]["content"]
     assert str(payload["id"]) in seen
     assert len(seen) < 4096
