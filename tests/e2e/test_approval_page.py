@@ -130,6 +130,9 @@ def test_refusals_are_shown_verbatim(page: Page, conn: Conn, make_token: MakeTok
 
     page.click("#forget")
     sign_in(page, make_token("approver"))
+    # The page lists the approval again before anyone cancels: signing in reloads the list,
+    # and a reload after the cancel would (rightly) no longer show it.
+    expect(card.locator(".reject")).to_be_visible()
     cancel_run(conn, approval.run_id, requested_by="test")  # meanwhile, someone cancels
     card.locator(".reject").click()
     expect(page.locator("#error")).to_contain_text("409 approval_conflict: approval")
