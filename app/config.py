@@ -107,6 +107,9 @@ class Settings(BaseSettings):
     #: DBOS's thread pool (its database I/O and our store calls run there). DBOS leaves it
     #: unbounded; a bound keeps thousands of concurrent runs from becoming thousands of threads.
     worker_threads: int = Field(default=16, ge=2, le=512)
+    #: A run that has waited this long for a message (an approval, an effect's outcome) leaves
+    #: memory and is woken by the message or its deadline; 0 keeps waiting runs resident.
+    hibernate_after_s: float = Field(default=30.0, ge=0, le=86400)
 
     @field_validator("app_name")
     @classmethod

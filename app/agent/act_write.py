@@ -23,6 +23,7 @@ from dbos import DBOS
 from pydantic import ValidationError
 
 from app.agent import steps
+from app.agent.hibernation import wait_message
 from app.agent.steps import CODE_STEP, tool_result
 from app.approvals.preview import render_preview
 from app.approvals.store import approval_expire, approval_request, approval_topic
@@ -258,8 +259,9 @@ async def _await_approval(
     )
     if "invalid" in asked:
         return {"result": tool_result(call_id, asked["invalid"], is_error=True)}
-    timeout = max(0.0, asked["expires_at"] - asked["now"])
-    message = await DBOS.recv_async(approval_topic(uuid.UUID(asked["approval_id"])), timeout)
+    message = await wait_message(
+        approval_topic(uuid.UUID(asked["approval_id"])), asked["expires_at"]
+    )
     if message is None:
         await _step(
             f"approve-{i}-{call_id}-expired",
@@ -317,7 +319,7 @@ async def _await_effect(
 
     unknown_rounds = 0
     while True:
-        message = await DBOS.recv_async(key, loop.deadline_remaining())
+        message = await wait_message(key, loop.deadline)
         if message is None:
             return {
                 "stop": (

@@ -11,7 +11,6 @@ comes from them), so a resumed run makes the same decisions it made before.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -148,11 +147,6 @@ class AgentLoop:
         return await self._finish(
             RunStatus.FAILED, "iteration_cap", {"max_iterations": self.settings.max_iterations}
         )
-
-    def deadline_remaining(self) -> float:
-        # Only a wait's timeout depends on this; DBOS records the wait's outcome, so a replay
-        # gets the same answer whatever the clock says now.
-        return max(0.0, self.deadline - time.time())
 
     async def _think(self, i: int, tier: Tier, suffix: str = "") -> dict[str, Any]:
         name = f"think-{i}{suffix}"

@@ -94,6 +94,8 @@ LEDGERLOOP_TENANT_ID: Final = "ledgerloop.tenant.id"
 LEDGERLOOP_EFFECT_IDEMPOTENCY_KEY: Final = "ledgerloop.effect.idempotency_key"
 LEDGERLOOP_EFFECT_STATUS: Final = "ledgerloop.effect.status"
 LEDGERLOOP_APPROVAL_ID: Final = "ledgerloop.approval.id"
+#: Set on an invoke_agent span whose execution ended by hibernating (the run waits on).
+LEDGERLOOP_RUN_HIBERNATED: Final = "ledgerloop.run.hibernated"
 
 # --- span names
 

@@ -151,6 +151,7 @@ class AgentInvocation:
         self.input_tokens = 0
         self.output_tokens = 0
         self._usage_seen = False
+        self.hibernated = False
 
     @property
     def span_context(self) -> SpanContext:
@@ -171,6 +172,14 @@ class AgentInvocation:
 _current_agent: ContextVar[AgentInvocation | None] = ContextVar(
     "ledgerloop_current_agent", default=None
 )
+
+
+def mark_hibernated() -> None:
+    """The current execution ends because its run hibernates: not an error, the run waits on."""
+    invocation = _current_agent.get()
+    if invocation is not None:
+        invocation.hibernated = True
+        invocation.span.set_attribute(sc.LEDGERLOOP_RUN_HIBERNATED, True)
 
 
 @contextmanager
@@ -218,8 +227,9 @@ def agent_span(
         with trace.use_span(span, record_exception=False, set_status_on_exception=False):
             yield invocation
     except BaseException as exc:
-        error_type = _exception_type(exc)
-        _set_error(span, error_type, str(exc))
+        if not invocation.hibernated:
+            error_type = _exception_type(exc)
+            _set_error(span, error_type, str(exc))
         raise
     finally:
         _current_agent.reset(token)

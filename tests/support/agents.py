@@ -126,6 +126,7 @@ TICKET_IDEMPOTENT = _write("ticket_idempotent", "idempotent", idempotent=True, l
 TICKET_LOOKUP = _write("ticket_lookup", "lookup", idempotent=False, lookup=True)
 TICKET_PLAIN = _write("ticket_plain", "plain", idempotent=False, lookup=False)
 URGENT_TICKET = _write("urgent_ticket", "idempotent", idempotent=True, lookup=True)
+PATIENT_TICKET = _write("patient_ticket", "idempotent", idempotent=True, lookup=True)
 UNDOABLE_TICKET = _write("ticket_undoable", "idempotent", idempotent=True, lookup=True, undo=True)
 
 WRITER = register_agent(
@@ -137,6 +138,7 @@ WRITER = register_agent(
             TICKET_LOOKUP,
             TICKET_PLAIN,
             URGENT_TICKET,
+            PATIENT_TICKET,
             UNDOABLE_TICKET,
             echo,
         ),

@@ -1,0 +1,227 @@
+"""Long waits leave memory: runs hibernate while they wait, and a message or a deadline wakes them.
+
+Real Postgres, a real DBOS worker (in-process) with a short `hibernate_after_s`, the real
+relay and ticket service, the real SDK against the scripted model. What is checked is what a
+user relies on: a hibernated run holds no DBOS execution (its workflow is parked DELAYED until
+the wait's deadline), the decision or the effect's outcome wakes it, it resumes from its
+journal (the model is not asked again), and nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from app.approvals.principals import principal_create
+from app.approvals.store import approval_decide, approval_list
+from app.db.connect import Conn
+from app.effects.ledger import effect_list
+from app.examples.ticket_service import TicketServiceThread
+from app.runs.cancel import cancel_run
+from app.runs.states import RunStatus
+from app.services import build_services
+from app.testing.postgres import wait_until
+from app.testing.processes import start_relay, stop_worker, worker_env
+from app.testing.worker import WorkerThread
+from app.worker import WorkerOptions
+from tests.conftest import REPO, start_test_run, wait_terminal
+
+HIBERNATE_AFTER_S = 0.3
+
+
+@pytest.fixture
+def tickets() -> Iterator[TicketServiceThread]:
+    with TicketServiceThread() as service:
+        yield service
+
+
+@pytest.fixture
+def worker(
+    make_settings: Callable[..., Any], db_url: str, tickets: TicketServiceThread
+) -> Iterator[Callable[..., WorkerThread]]:
+    started: list[WorkerThread] = []
+
+    def start(model_url: str, *, relay: bool = True, **overrides: Any) -> WorkerThread:
+        settings = make_settings(
+            **{
+                "anthropic_base_url": model_url,
+                "agent_modules": "tests.support.agents",
+                "policy_file": REPO / "tests" / "support" / "policy.yaml",
+                "destinations": {"tickets": tickets.url},
+                "hibernate_after_s": HIBERNATE_AFTER_S,
+                **overrides,
+            }
+        )
+        options = WorkerOptions(services=build_services(settings, http=False, relay=relay))
+        thread = WorkerThread(settings, db_url, options).start()
+        started.append(thread)
+        return thread
+
+    yield start
+    for thread in started:
+        thread.stop()
+
+
+def _workflow(conn: Conn, run_id: uuid.UUID) -> dict[str, Any]:
+    row = conn.execute(
+        "SELECT status, delay_until_epoch_ms, recovery_attempts, queue_name, executor_id "
+        "FROM dbos.workflow_status WHERE workflow_uuid = %s",
+        (str(run_id),),
+    ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def _hibernated(conn: Conn, run_id: uuid.UUID, timeout: float = 20) -> dict[str, Any]:
+    def parked() -> dict[str, Any] | None:
+        wf = _workflow(conn, run_id)
+        return wf if wf["status"] == "DELAYED" else None
+
+    found: dict[str, Any] = wait_until(parked, timeout=timeout)  # type: ignore[assignment]
+    return found
+
+
+def _pending_approval(conn: Conn, run_id: uuid.UUID) -> Any:
+    def pending() -> Any:
+        found = approval_list(conn, run_id=run_id, status="pending")
+        return found[0] if found else None
+
+    return wait_until(pending, timeout=20)
+
+
+def _stats(tickets: TicketServiceThread) -> dict[str, Any]:
+    stats: dict[str, Any] = httpx.get(f"{tickets.url}/_stats").json()
+    return stats
+
+
+def _ticket_script(tool: str) -> str:
+    return f"""
+default:
+  turns:
+    - tool_use: {{name: {tool}, input: {{title: "db-1 disk full", priority: high}}}}
+    - text: "Filed."
+"""
+
+
+def test_a_waiting_run_hibernates_and_its_approval_wakes_it(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(_ticket_script("write_ticket"))
+    worker(model.url)
+    approver, _ = principal_create(conn, name="alice", roles=["approver"])
+    run_id = start_test_run(conn, "ops", "db-1 disk is full")
+    approval = _pending_approval(conn, run_id)
+    wf = _hibernated(conn, run_id)
+    # Parked until the approval's own expiry, on its queue, with the dispatch given back.
+    assert approval.expires_at is not None
+    assert abs(wf["delay_until_epoch_ms"] / 1000 - approval.expires_at.timestamp()) < 2
+    assert wf["queue_name"] == "ledgerloop_runs"
+    assert wf["recovery_attempts"] <= 1
+    assert len(model.requests()) == 1
+
+    approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED
+    assert _stats(tickets)["created"] == 1
+    # Resumed from the journal: the first turn was not asked again.
+    assert len(model.requests()) == 2
+    assert _workflow(conn, run_id)["status"] == "SUCCESS"
+
+
+def test_many_hibernated_runs_each_wake_once(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(_ticket_script("write_ticket"))
+    worker(model.url)
+    approver, _ = principal_create(conn, name="alice", roles=["approver"])
+    runs = [start_test_run(conn, "ops", f"disk {i} is full") for i in range(20)]
+    approvals = [_pending_approval(conn, run_id) for run_id in runs]
+    for run_id in runs:
+        _hibernated(conn, run_id)
+    for approval in approvals:
+        approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
+    for run_id in runs:
+        assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    assert _stats(tickets)["created"] == 20
+    assert len(model.requests()) == 40
+
+
+def test_a_hibernated_approval_still_expires_on_time(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(_ticket_script("patient_ticket"))
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file it")
+    approval = _pending_approval(conn, run_id)
+    _hibernated(conn, run_id)
+    # Nobody decides: DBOS enqueues the run at the deadline and the replayed wait times out.
+    run = wait_terminal(conn, run_id, timeout=30)
+    assert run.status is RunStatus.CANCELLED
+    assert run.state["reason"] == "approval_expired"
+    (expired,) = approval_list(conn, run_id=run_id)
+    assert expired.id == approval.id
+    assert expired.status.value == "expired"
+    assert _stats(tickets)["created"] == 0
+
+
+def test_cancelling_a_hibernated_run_stops_it_for_good(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(_ticket_script("write_ticket"))
+    worker(model.url)
+    approver, _ = principal_create(conn, name="alice", roles=["approver"])
+    run_id = start_test_run(conn, "ops", "db-1 disk is full")
+    approval = _pending_approval(conn, run_id)
+    _hibernated(conn, run_id)
+    cancelled = cancel_run(conn, run_id, requested_by="test")
+    assert cancelled.workflow_cancelled
+    assert _workflow(conn, run_id)["status"] == "CANCELLED"
+    with pytest.raises(Exception, match="cancelled"):
+        approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
+    assert wait_terminal(conn, run_id).status is RunStatus.CANCELLED
+    assert _stats(tickets)["created"] == 0
+    assert len(model.requests()) == 1
+
+
+def test_an_effect_wait_hibernates_and_the_outcome_wakes_it(
+    conn: Conn, db_url: str, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    # No relay at first: the effect stays pending and the run hibernates waiting for it.
+    model = scripted_model(_ticket_script("ticket_idempotent"))
+    worker(model.url, relay=False)
+    run_id = start_test_run(conn, "writer", "file it")
+    _hibernated(conn, run_id)
+    (effect,) = effect_list(conn, run_id=run_id)
+    assert effect.status.value == "pending"
+    env = worker_env(
+        db_url,
+        LEDGERLOOP_POLICY_FILE=str(REPO / "tests" / "support" / "policy.yaml"),
+        LEDGERLOOP_AGENT_MODULES="tests.support.agents",
+        LEDGERLOOP_DESTINATIONS=json.dumps({"tickets": tickets.url}),
+    )
+    relay = start_relay(env)
+    try:
+        # The relay's outcome commit messages the run; the message wakes it.
+        run = wait_terminal(conn, run_id, timeout=30)
+    finally:
+        stop_worker(relay)
+    assert run.status is RunStatus.SUCCEEDED
+    assert _stats(tickets)["created"] == 1
+    assert len(model.requests()) == 2
+
+
+def test_hibernation_off_keeps_waiting_runs_resident(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(_ticket_script("write_ticket"))
+    worker(model.url, hibernate_after_s=0)
+    run_id = start_test_run(conn, "ops", "db-1 disk is full")
+    _pending_approval(conn, run_id)
+    with pytest.raises(AssertionError, match="condition not met"):
+        _hibernated(conn, run_id, timeout=1.5)
+    assert _workflow(conn, run_id)["status"] == "PENDING"
