@@ -110,6 +110,9 @@ class Settings(BaseSettings):
     #: A run that has waited this long for a message (an approval, an effect's outcome) leaves
     #: memory and is woken by the message or its deadline; 0 keeps waiting runs resident.
     hibernate_after_s: float = Field(default=30.0, ge=0, le=86400)
+    #: Runs one worker executes at once; the rest wait on the queue. A hibernated run frees
+    #: its place, so this bounds a worker's memory, not how many runs may wait.
+    worker_concurrency: int = Field(default=1000, ge=1, le=100_000)
 
     @field_validator("app_name")
     @classmethod

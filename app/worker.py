@@ -87,7 +87,11 @@ async def run_worker(
             executor_register(conn, settings.executor_id, settings.application_version)
         DBOS(config=settings.dbos_config(url))  # type: ignore[arg-type]
         DBOS.launch()
-        await DBOS.register_queue_async(QUEUE_NAME, polling_interval_sec=settings.queue_poll_s)
+        await DBOS.register_queue_async(
+            QUEUE_NAME,
+            polling_interval_sec=settings.queue_poll_s,
+            worker_concurrency=settings.worker_concurrency,
+        )
         tasks.append(
             asyncio.create_task(
                 heartbeat_and_recover(

@@ -58,9 +58,11 @@ def _action(tool: Tool, call: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 # -- step bodies (at least once; idempotent) ------------------------------------------------
+# Plain functions: DBOS runs a sync step body, its journal check and its checkpoint in one
+# trip to its thread pool (an async body costs three), and the act step is on the hot path.
 
 
-async def request_approval(
+def request_approval(
     run_id: str, tenant_id: str, deadline: float, tool_name: str, call: dict[str, Any]
 ) -> dict[str, Any]:
     rt = get_runtime()
@@ -111,20 +113,17 @@ async def request_approval(
             "now": now,
         }
 
-    result: dict[str, Any] = await steps.db_call(record)
-    return result
+    with rt.pool.connection() as conn:
+        return record(conn)
 
 
-async def expire_approval(run_id: str, approval_id: str) -> dict[str, Any]:
-    def expire(conn: Conn) -> dict[str, Any]:
+def expire_approval(run_id: str, approval_id: str) -> dict[str, Any]:
+    with get_runtime().pool.connection() as conn:
         approval = approval_expire(conn, uuid.UUID(approval_id))
-        return {"status": str(approval.status)}
-
-    result: dict[str, Any] = await steps.db_call(expire)
-    return result
+    return {"status": str(approval.status)}
 
 
-async def record_effect(
+def record_effect(
     run_id: str,
     tenant_id: str,
     step_name: str,
@@ -194,7 +193,8 @@ async def record_effect(
                 )
             return {"key": effect.key, "status": str(effect.status)}
 
-        recorded: dict[str, Any] = await steps.db_call(record)
+        with rt.pool.connection() as conn:
+            recorded = record(conn)
         span.set_effect_status(recorded["status"])
         return recorded
 
@@ -360,9 +360,7 @@ async def _await_effect(
 # -- compensation ---------------------------------------------------------------------------
 
 
-async def record_compensation(
-    run_id: str, tool_name: str, key: str, ref: str | None
-) -> dict[str, Any]:
+def record_compensation(run_id: str, tool_name: str, key: str, ref: str | None) -> dict[str, Any]:
     """Begin the compensating effect of `key` (its own key, `...:compensate`, and audit trail)."""
     rt = get_runtime()
     tool = _tool(run_id, tool_name)
@@ -385,8 +383,8 @@ async def record_compensation(
             effect = compensation_begin(conn, effect_require(conn, key), delivery)
         return {"key": effect.key, "status": str(effect.status)}
 
-    result: dict[str, Any] = await steps.db_call(record)
-    return result
+    with rt.pool.connection() as conn:
+        return record(conn)
 
 
 async def compensate_all(loop: AgentLoop) -> list[dict[str, Any]]:

@@ -11,10 +11,12 @@ ones an operator records here with `effect_resolve`.
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from app.db.connect import Conn
@@ -102,7 +104,10 @@ def effect_begin(
             f"a compensation of {compensates!r} must have the key "
             f"{compensates + COMPENSATION_SUFFIX!r}, not {key!r}"
         )
-    with conn.transaction():
+    # Inside the caller's transaction (the act step's), a savepoint would only add two round
+    # trips: any error here aborts that whole transaction anyway.
+    in_transaction = conn.info.transaction_status is not TransactionStatus.IDLE
+    with nullcontext() if in_transaction else conn.transaction():
         row = conn.execute(
             Q["effect_insert"],
             {

@@ -225,3 +225,27 @@ def test_hibernation_off_keeps_waiting_runs_resident(
     with pytest.raises(AssertionError, match="condition not met"):
         _hibernated(conn, run_id, timeout=1.5)
     assert _workflow(conn, run_id)["status"] == "PENDING"
+
+
+def test_hibernated_runs_free_their_place_on_a_bounded_worker(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(_ticket_script("write_ticket"))
+    worker(model.url, worker_concurrency=2)
+    runs = [start_test_run(conn, "ops", f"disk {i} is full") for i in range(5)]
+    # Two at a time, yet all five end up waiting: each hibernation frees a place.
+    for run_id in runs:
+        _hibernated(conn, run_id, timeout=30)
+    assert all(_pending_approval(conn, run_id) for run_id in runs)
+
+
+def test_a_bounded_worker_without_hibernation_holds_the_rest_on_the_queue(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(_ticket_script("write_ticket"))
+    worker(model.url, worker_concurrency=2, hibernate_after_s=0)
+    runs = [start_test_run(conn, "ops", f"disk {i} is full") for i in range(3)]
+    for run_id in runs[:2]:
+        _pending_approval(conn, run_id)
+    statuses = [_workflow(conn, run_id)["status"] for run_id in runs]
+    assert sorted(statuses) == ["ENQUEUED", "PENDING", "PENDING"]
