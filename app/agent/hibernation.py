@@ -37,6 +37,7 @@ from dbos import DBOS
 from dbos._dbos import _get_dbos_instance
 
 from app.db.sql import load_queries
+from app.faults import hit
 from app.runtime import get_runtime
 from app.telemetry import mark_hibernated
 
@@ -96,6 +97,7 @@ async def wait_message(topic: str, until: float) -> Any:
             raise
         _hibernating.set(True)
         mark_hibernated()
+        hit("hibernate.before_park")
         await _park(wait)
         raise
     finally:
