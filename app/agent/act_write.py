@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 from dbos import DBOS
 from pydantic import ValidationError
 
-from app.agent import steps
+from app.agent import dbos_waiters, steps
 from app.agent.hibernation import wait_message
 from app.agent.steps import CODE_STEP, tool_result
 from app.approvals.preview import render_preview
 from app.approvals.store import approval_expire, approval_request, approval_topic
 from app.db.connect import Conn
 from app.effects.hashing import idempotency_key, request_hash
-from app.effects.ledger import compensation_begin, effect_begin, effect_require
+from app.effects.ledger import Effect, compensation_begin, effect_begin, effect_require
 from app.effects.messages import DeliveryRequest, EffectStatus, parse_message
 from app.faults import hit
 from app.runs.states import RunStatus
@@ -58,8 +58,8 @@ def _action(tool: Tool, call: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 # -- step bodies (at least once; idempotent) ------------------------------------------------
-# Plain functions: DBOS runs a sync step body, its journal check and its checkpoint in one
-# trip to its thread pool (an async body costs three), and the act step is on the hot path.
+# Plain functions where they can be: DBOS runs a sync step body, its journal check and its
+# checkpoint in one trip to its thread pool (an async body costs three).
 
 
 def request_approval(
@@ -123,7 +123,7 @@ def expire_approval(run_id: str, approval_id: str) -> dict[str, Any]:
     return {"status": str(approval.status)}
 
 
-def record_effect(
+async def record_effect(
     run_id: str,
     tenant_id: str,
     step_name: str,
@@ -191,12 +191,36 @@ def record_effect(
                     destination=tool.effect.destination,  # type: ignore[union-attr]
                     request=delivery,
                 )
-            return {"key": effect.key, "status": str(effect.status)}
+            return _recorded(effect)
 
-        with rt.pool.connection() as conn:
-            recorded = record(conn)
+        # Watch from before the commit: the outcome may be recorded before we look.
+        with dbos_waiters.watch(run_id, key) as watch:
+            recorded: dict[str, Any] = await steps.db_call(record)
+            if recorded["status"] not in _SETTLED and await watch.wait(SETTLE_WATCH_S):
+                recorded = await steps.db_call(lambda conn: _recorded(effect_require(conn, key)))
         span.set_effect_status(recorded["status"])
         return recorded
+
+
+#: How long the act step itself watches for its effect's outcome. Most downstreams answer
+#: inside it: the outcome is then this step's result, and the workflow skips a durable wait
+#: (its message stays unread; nothing waits on that topic again). Slower effects, unknown
+#: outcomes and people are left to the durable wait. Nothing holds a thread meanwhile.
+SETTLE_WATCH_S = 0.5
+_SETTLED = frozenset({EffectStatus.SUCCEEDED.value, EffectStatus.FAILED.value})
+
+
+def _recorded(effect: Effect) -> dict[str, Any]:
+    recorded: dict[str, Any] = {"key": effect.key, "status": effect.status.value}
+    if effect.status.value in _SETTLED:
+        # The same fields as the effect's message (app/effects/messages.py).
+        recorded["outcome"] = {
+            "status": effect.status.value,
+            "result": effect.result,
+            "error": effect.error,
+            "external_reference": effect.external_reference,
+        }
+    return recorded
 
 
 def _tool(run_id: str, name: str) -> Tool:
@@ -238,7 +262,28 @@ async def act_write(loop: AgentLoop, i: int, call: dict[str, Any], tool: Tool) -
     if "result" in recorded:
         return recorded
     hit("loop.after_effect_recorded")
+    if "outcome" in recorded:
+        return _settled(loop, call_id, recorded["key"], tool, recorded["outcome"])
     return await _await_effect(loop, i, call_id, recorded["key"], tool)
+
+
+def _settled(
+    loop: AgentLoop, call_id: str, key: str, tool: Tool, outcome: dict[str, Any]
+) -> dict[str, Any]:
+    """The tool result of a succeeded or failed effect."""
+    if outcome["status"] == EffectStatus.FAILED.value:
+        return {"result": tool_result(call_id, outcome["error"] or "failed", is_error=True)}
+    if tool.effect is not None and tool.effect.compensate_path:
+        loop.compensable.append(
+            {
+                "call_id": call_id,
+                "key": key,
+                "tool": tool.name,
+                "ref": outcome["external_reference"],
+            }
+        )
+    content = json.dumps(outcome["result"]) if outcome["result"] is not None else "ok"
+    return {"result": tool_result(call_id, content)}
 
 
 async def _await_approval(
@@ -330,20 +375,8 @@ async def _await_effect(
             }
         outcome = parse_message(message)
         status = EffectStatus(outcome["status"])
-        if status is EffectStatus.SUCCEEDED:
-            if tool.effect is not None and tool.effect.compensate_path:
-                loop.compensable.append(
-                    {
-                        "call_id": call_id,
-                        "key": key,
-                        "tool": tool.name,
-                        "ref": outcome["external_reference"],
-                    }
-                )
-            content = json.dumps(outcome["result"]) if outcome["result"] is not None else "ok"
-            return {"result": tool_result(call_id, content)}
-        if status is EffectStatus.FAILED:
-            return {"result": tool_result(call_id, outcome["error"] or "failed", is_error=True)}
+        if status.value in _SETTLED:
+            return _settled(loop, call_id, key, tool, dict(outcome))
         # outcome_unknown or needs_human: the run waits in reconciling until it is settled.
         unknown_rounds += 1
         await _step(

@@ -5,8 +5,9 @@ live DBOS workflow it would hold its coroutine, DBOS's per-workflow state and a 
 whole time: tens of kilobytes each, so ten thousand waiting runs would cost hundreds of
 megabytes. Instead, once a wait has lasted `hibernate_after_s`:
 
-1. the run's task is cancelled at its `recv` (nothing has been consumed: see `_arriving`),
-   which DBOS treats like a shutdown: nothing is recorded and the workflow stays PENDING;
+1. the run's task is cancelled at its `recv`, which DBOS treats like a shutdown: nothing is
+   recorded and the workflow stays PENDING (a wait whose message is already arriving, which
+   `recv` may be consuming, is left alone);
 2. one transaction parks its DBOS workflow as DELAYED until the wait's own deadline, or
    puts it straight back on the queue when its message already arrived;
 3. the `wake_hibernated_run` trigger on `dbos.notifications` (migration 0005) moves a parked
@@ -34,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dbos import DBOS
-from dbos._dbos import _get_dbos_instance
 
+from app.agent.dbos_waiters import arriving
 from app.db.sql import load_queries
 from app.faults import hit
 from app.runtime import get_runtime
@@ -108,26 +109,10 @@ def _hibernate(wait: _Wait) -> None:
     """On the workflow's event loop: end the execution if nothing is about to arrive."""
     if wait.task.done() or wait.until - time.time() <= _DEADLINE_MARGIN_S:
         return
-    if _arriving(wait.workflow_id, wait.topic):
+    if arriving(wait.workflow_id, wait.topic):
         return  # DBOS is consuming the message; the wait ends by itself
     wait.hibernating = True
     wait.task.cancel()
-
-
-def _arriving(workflow_id: str, topic: str) -> bool:
-    """Has DBOS's listener signalled this wait? Then `recv` may be consuming the message right
-    now, and cancelling could leave it consumed with nobody to wake the run. When DBOS's waiter
-    map is not where 3.4 keeps it, answer yes: never hibernate rather than risk that."""
-    try:
-        sys_db = _get_dbos_instance()._sys_db
-        key, _ = sys_db._waiter(workflow_id, topic)
-        signal = sys_db.notifications_map.get(key)
-        if signal is None:
-            return False
-        with signal._lock:
-            return any(event.is_set() for event in signal._waiters)
-    except AttributeError:
-        return True
 
 
 async def _park(wait: _Wait) -> None:

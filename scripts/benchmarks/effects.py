@@ -109,7 +109,8 @@ async def bench_act(run_id: str, tenant: str, n: int) -> None:
             call,
             None,
         )
-        while True:
+        # As the agent loop does: a quick outcome comes back with the step, else it waits.
+        while "outcome" not in recorded:
             message = await DBOS.recv_async(recorded["key"], 30)
             if message is None or message["status"] in ("succeeded", "failed"):
                 break
