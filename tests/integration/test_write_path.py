@@ -268,3 +268,28 @@ def test_failed_run_compensates_its_effects_as_new_effects(
     assert compensation.compensates == original.key
     assert compensation.status.value == "succeeded"
     assert run.state["compensations"] == [{"key": compensation.key, "status": "succeeded"}]
+
+
+def test_a_quick_outcome_settles_the_act_step_itself(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: ticket_idempotent, input: {title: x}}}, {text: done}]}"
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file")
+    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    (effect,) = effect_list(conn, run_id=run_id)
+    (result,) = _tool_results(model)
+    assert json.loads(result["content"])["id"] == effect.external_reference
+    # The step saw the outcome: no durable wait ran, and the message went unread.
+    functions = conn.execute(
+        "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s",
+        (str(run_id),),
+    ).fetchall()
+    assert "DBOS.recv" not in {row["function_name"] for row in functions}
+    unread = conn.execute(
+        "SELECT count(*) AS n FROM dbos.notifications WHERE topic = %s AND NOT consumed",
+        (effect.key,),
+    ).fetchone()
+    assert unread == {"n": 1}
