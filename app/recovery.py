@@ -43,7 +43,28 @@ def executor_heartbeat(conn: Conn, executor_id: str) -> None:
 
 
 def executor_unregister(conn: Conn, executor_id: str) -> None:
-    conn.execute("DELETE FROM ledgerloop.executor WHERE id = %s", (executor_id,))
+    """A clean stop: hand the runs this worker was executing back to the queue, then leave.
+
+    DBOS's shutdown cancels them and leaves them PENDING under this executor, and once the row
+    is gone no survivor would claim them. Call it after DBOS is destroyed (nothing of ours
+    runs any more); a run moved back to ENQUEUED goes to whichever worker dequeues it next,
+    and replays its journal there. Both in one transaction: a stop that dies halfway leaves
+    the row, and a survivor recovers the runs as it would after a crash.
+    """
+    with conn.transaction():
+        conn.execute(
+            """
+            UPDATE dbos.workflow_status
+            SET status = 'ENQUEUED',
+                owner_xid = NULL,
+                started_at_epoch_ms = NULL,
+                queue_name = coalesce(queue_name, '_dbos_internal_queue'),
+                updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+            WHERE executor_id = %s AND status = 'PENDING'
+            """,
+            (executor_id,),
+        )
+        conn.execute("DELETE FROM ledgerloop.executor WHERE id = %s", (executor_id,))
 
 
 def _pid_alive(pid: int) -> bool:

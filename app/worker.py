@@ -114,9 +114,12 @@ async def run_worker(
         try:
             DBOS.destroy(destroy_registry=False)
         except Exception:
+            # Its runs may still be executing: keep the executor row, so that once this
+            # process is gone a survivor recovers them as it would after a crash.
             log.exception("DBOS.destroy failed")
-        with runtime.pool.connection() as conn:
-            executor_unregister(conn, settings.executor_id)
+        else:
+            with runtime.pool.connection() as conn:
+                executor_unregister(conn, settings.executor_id)
         await runtime.model.client.close()
         runtime.pool.close()
         install(None)

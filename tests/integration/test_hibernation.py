@@ -249,3 +249,20 @@ def test_a_bounded_worker_without_hibernation_holds_the_rest_on_the_queue(
         _pending_approval(conn, run_id)
     statuses = [_workflow(conn, run_id)["status"] for run_id in runs]
     assert sorted(statuses) == ["ENQUEUED", "PENDING", "PENDING"]
+
+
+def test_runs_a_stopped_worker_was_executing_go_to_the_next_worker(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(_ticket_script("write_ticket"))
+    first = worker(model.url, hibernate_after_s=0)
+    approver, _ = principal_create(conn, name="alice", roles=["approver"])
+    run_id = start_test_run(conn, "ops", "db-1 disk is full")
+    approval = _pending_approval(conn, run_id)
+    first.stop()  # a clean stop (a deploy): the waiting run was resident in it
+    assert _workflow(conn, run_id)["status"] == "ENQUEUED"
+    worker(model.url)
+    approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
+    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    assert _stats(tickets)["created"] == 1
+    assert len(model.requests()) == 2
