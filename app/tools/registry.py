@@ -6,6 +6,7 @@ records the effect and its outbox row, and the relay delivers it with an idempot
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -61,12 +62,19 @@ class Tool:
     preview: Callable[[Any], str] | None = field(default=None)
 
     def schema(self) -> dict[str, Any]:
-        """The tool definition in the Messages API's format."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "input_schema": self.input_model.model_json_schema(),
-        }
+        """The tool definition in the Messages API's format (read-only: it is shared)."""
+        return _definition(self.name, self.description, self.input_model)
+
+
+@functools.cache
+def _definition(name: str, description: str, input_model: type[BaseModel]) -> dict[str, Any]:
+    # Every model request carries every tool's definition, and building a JSON schema costs
+    # about a millisecond of CPU: once per tool, not once per turn.
+    return {
+        "name": name,
+        "description": description,
+        "input_schema": input_model.model_json_schema(),
+    }
 
 
 def read_tool(
