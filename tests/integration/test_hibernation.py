@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -24,47 +24,22 @@ from app.effects.ledger import effect_list
 from app.examples.ticket_service import TicketServiceThread
 from app.runs.cancel import cancel_run
 from app.runs.states import RunStatus
-from app.services import build_services
 from app.testing.postgres import wait_until
 from app.testing.processes import start_relay, stop_worker, worker_env
 from app.testing.worker import WorkerThread
-from app.worker import WorkerOptions
 from tests.conftest import REPO, start_test_run, wait_terminal
 
 HIBERNATE_AFTER_S = 0.3
 
 
 @pytest.fixture
-def tickets() -> Iterator[TicketServiceThread]:
-    with TicketServiceThread() as service:
-        yield service
+def worker(worker: Callable[..., WorkerThread]) -> Callable[..., WorkerThread]:
+    """The shared worker, hibernating waiting runs after HIBERNATE_AFTER_S."""
 
+    def start(model_url: str, **overrides: Any) -> WorkerThread:
+        return worker(model_url, **{"hibernate_after_s": HIBERNATE_AFTER_S, **overrides})
 
-@pytest.fixture
-def worker(
-    make_settings: Callable[..., Any], db_url: str, tickets: TicketServiceThread
-) -> Iterator[Callable[..., WorkerThread]]:
-    started: list[WorkerThread] = []
-
-    def start(model_url: str, *, relay: bool = True, **overrides: Any) -> WorkerThread:
-        settings = make_settings(
-            **{
-                "anthropic_base_url": model_url,
-                "agent_modules": "tests.support.agents",
-                "policy_file": REPO / "tests" / "support" / "policy.yaml",
-                "destinations": {"tickets": tickets.url},
-                "hibernate_after_s": HIBERNATE_AFTER_S,
-                **overrides,
-            }
-        )
-        options = WorkerOptions(services=build_services(settings, http=False, relay=relay))
-        thread = WorkerThread(settings, db_url, options).start()
-        started.append(thread)
-        return thread
-
-    yield start
-    for thread in started:
-        thread.stop()
+    return start
 
 
 def _workflow(conn: Conn, run_id: uuid.UUID) -> dict[str, Any]:

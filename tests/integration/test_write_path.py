@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
-import pytest
 
 from app.approvals.principals import principal_create
 from app.approvals.store import approval_decide, approval_list
@@ -21,43 +19,8 @@ from app.effects.ledger import effect_list, effect_resolve
 from app.examples.ticket_service import TicketServiceThread
 from app.runs.states import RunStatus
 from app.runs.store import run_require
-from app.services import build_services
 from app.testing.postgres import wait_until
-from app.testing.worker import WorkerThread
-from app.worker import WorkerOptions
-from tests.conftest import REPO, start_test_run, wait_terminal
-
-
-@pytest.fixture
-def tickets() -> Iterator[TicketServiceThread]:
-    with TicketServiceThread() as service:
-        yield service
-
-
-@pytest.fixture
-def worker(
-    make_settings: Callable[..., Any], db_url: str, tickets: TicketServiceThread
-) -> Iterator[Callable[[str], WorkerThread]]:
-    started: list[WorkerThread] = []
-
-    def start(model_url: str) -> WorkerThread:
-        settings = make_settings(
-            anthropic_base_url=model_url,
-            agent_modules="tests.support.agents",
-            policy_file=REPO / "tests" / "support" / "policy.yaml",
-            destinations={"tickets": tickets.url},
-            effect_settle_after_s=0.2,
-            reconcile_interval_s=0.2,
-            relay_lease_margin_s=1.0,
-        )
-        options = WorkerOptions(services=build_services(settings, http=False, relay=True))
-        thread = WorkerThread(settings, db_url, options).start()
-        started.append(thread)
-        return thread
-
-    yield start
-    for thread in started:
-        thread.stop()
+from tests.conftest import start_test_run, wait_terminal
 
 
 def _stats(tickets: TicketServiceThread) -> dict[str, Any]:
