@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -142,18 +143,20 @@ async def _park(wait: _Wait) -> None:
             conn.execute(Q[query], params)
             return "requeued" if waiting["waiting"] else "parked"
 
-    for attempt, delay in enumerate((*_PARK_RETRY_S, None)):
+    # Until it works: the execution is gone and the run, PENDING under this executor, has no
+    # one else. A stop (or a crash) meanwhile hands it back to the queue like any other run.
+    for attempt in itertools.count(1):
         try:
             outcome = await asyncio.to_thread(park)
             log.debug("run %s hibernation: %s", wait.workflow_id, outcome)
             return
-        except Exception:
-            if delay is None:
-                break
-            log.warning("run %s: parking failed (attempt %d), retrying", wait.workflow_id, attempt)
+        except Exception as exc:
+            delay = _PARK_RETRY_S[min(attempt, len(_PARK_RETRY_S)) - 1]
+            log.warning(
+                "run %s: parking failed (attempt %d: %s); retrying in %.1f s",
+                wait.workflow_id,
+                attempt,
+                exc,
+                delay,
+            )
             await asyncio.sleep(delay)
-    # Still PENDING under this executor: a restart of this worker, or a peer that finds its
-    # heartbeat stale, recovers it. Nothing is lost; the run resumes late.
-    log.error(
-        "run %s could not be hibernated; it resumes when this worker restarts", wait.workflow_id
-    )
