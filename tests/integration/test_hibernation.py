@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.trace import StatusCode
 
 from app.approvals.principals import principal_create
 from app.approvals.store import approval_decide, approval_list
@@ -24,10 +25,12 @@ from app.effects.ledger import effect_list
 from app.examples.ticket_service import TicketServiceThread
 from app.runs.cancel import cancel_run
 from app.runs.states import RunStatus
+from app.telemetry.content import CaptureMode
 from app.testing.postgres import wait_until
 from app.testing.processes import start_relay, stop_worker, worker_env
 from app.testing.worker import WorkerThread
 from tests.conftest import REPO, start_test_run, wait_terminal
+from tests.support.telemetry import capture_telemetry
 
 HIBERNATE_AFTER_S = 0.3
 
@@ -241,3 +244,33 @@ def test_runs_a_stopped_worker_was_executing_go_to_the_next_worker(
     assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
     assert _stats(tickets)["created"] == 1
     assert len(model.requests()) == 2
+
+
+def test_a_hibernated_execution_ends_its_span_cleanly_and_the_next_links_to_it(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    captured_telemetry = capture_telemetry(CaptureMode.NO_CONTENT)
+    captured = next(captured_telemetry)
+    try:
+        model = scripted_model(_ticket_script("write_ticket"))
+        worker(model.url)
+        approver, _ = principal_create(conn, name="alice", roles=["approver"])
+        run_id = start_test_run(conn, "ops", "db-1 disk is full")
+        approval = _pending_approval(conn, run_id)
+        _hibernated(conn, run_id)
+        approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
+        assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+        runs = [
+            s
+            for s in captured.by_kind("invoke_agent")
+            if s.attributes and s.attributes.get("ledgerloop.run.id") == str(run_id)
+        ]
+        first, second = sorted(runs, key=lambda s: s.start_time or 0)
+        assert first.attributes is not None
+        assert first.attributes.get("ledgerloop.run.hibernated") is True
+        assert first.status.status_code is not StatusCode.ERROR
+        assert second.attributes is not None
+        assert "ledgerloop.run.hibernated" not in second.attributes
+        assert [link.context.span_id for link in second.links] == [first.context.span_id]
+    finally:
+        next(captured_telemetry, None)
