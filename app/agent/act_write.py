@@ -110,7 +110,6 @@ def request_approval(
             "approval_id": str(approval.id),
             "action_hash": action_hash,
             "expires_at": approval.expires_at.timestamp() if approval.expires_at else expires,
-            "now": now,
         }
 
     with rt.pool.connection() as conn:

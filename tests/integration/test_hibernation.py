@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -30,7 +31,7 @@ from app.testing.postgres import wait_until
 from app.testing.processes import start_relay, stop_worker, worker_env
 from app.testing.worker import WorkerThread
 from tests.conftest import REPO, start_test_run, wait_terminal
-from tests.support.telemetry import capture_telemetry
+from tests.support.telemetry import Captured, capture_telemetry
 
 HIBERNATE_AFTER_S = 0.3
 
@@ -86,29 +87,45 @@ default:
 """
 
 
-def test_a_waiting_run_hibernates_and_its_approval_wakes_it(
-    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
-) -> None:
+@dataclass
+class WaitingRun:
+    model: Any
+    approver: Any
+    run_id: uuid.UUID
+    approval: Any
+    workflow: dict[str, Any]
+
+
+def _hibernated_ticket_run(conn: Conn, scripted_model: Any, worker: Any) -> WaitingRun:
+    """An ops run filing a ticket, hibernated while it waits for its approval."""
     model = scripted_model(_ticket_script("write_ticket"))
     worker(model.url)
     approver, _ = principal_create(conn, name="alice", roles=["approver"])
     run_id = start_test_run(conn, "ops", "db-1 disk is full")
     approval = _pending_approval(conn, run_id)
-    wf = _hibernated(conn, run_id)
+    return WaitingRun(model, approver, run_id, approval, _hibernated(conn, run_id))
+
+
+def test_a_waiting_run_hibernates_and_its_approval_wakes_it(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    waiting = _hibernated_ticket_run(conn, scripted_model, worker)
+    wf, expires_at = waiting.workflow, waiting.approval.expires_at
     # Parked until the approval's own expiry, on its queue, with the dispatch given back.
-    assert approval.expires_at is not None
-    assert abs(wf["delay_until_epoch_ms"] / 1000 - approval.expires_at.timestamp()) < 2
+    assert expires_at is not None
+    assert abs(wf["delay_until_epoch_ms"] / 1000 - expires_at.timestamp()) < 2
     assert wf["queue_name"] == "ledgerloop_runs"
     assert wf["recovery_attempts"] <= 1
-    assert len(model.requests()) == 1
+    assert len(waiting.model.requests()) == 1
 
-    approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
-    run = wait_terminal(conn, run_id)
-    assert run.status is RunStatus.SUCCEEDED
+    approval_decide(
+        conn, approval_id=waiting.approval.id, principal=waiting.approver, decision="approve"
+    )
+    assert wait_terminal(conn, waiting.run_id).status is RunStatus.SUCCEEDED
     assert _stats(tickets)["created"] == 1
     # Resumed from the journal: the first turn was not asked again.
-    assert len(model.requests()) == 2
-    assert _workflow(conn, run_id)["status"] == "SUCCESS"
+    assert len(waiting.model.requests()) == 2
+    assert _workflow(conn, waiting.run_id)["status"] == "SUCCESS"
 
 
 def test_many_hibernated_runs_each_wake_once(
@@ -150,20 +167,17 @@ def test_a_hibernated_approval_still_expires_on_time(
 def test_cancelling_a_hibernated_run_stops_it_for_good(
     conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
 ) -> None:
-    model = scripted_model(_ticket_script("write_ticket"))
-    worker(model.url)
-    approver, _ = principal_create(conn, name="alice", roles=["approver"])
-    run_id = start_test_run(conn, "ops", "db-1 disk is full")
-    approval = _pending_approval(conn, run_id)
-    _hibernated(conn, run_id)
-    cancelled = cancel_run(conn, run_id, requested_by="test")
+    waiting = _hibernated_ticket_run(conn, scripted_model, worker)
+    cancelled = cancel_run(conn, waiting.run_id, requested_by="test")
     assert cancelled.workflow_cancelled
-    assert _workflow(conn, run_id)["status"] == "CANCELLED"
+    assert _workflow(conn, waiting.run_id)["status"] == "CANCELLED"
     with pytest.raises(Exception, match="cancelled"):
-        approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
-    assert wait_terminal(conn, run_id).status is RunStatus.CANCELLED
+        approval_decide(
+            conn, approval_id=waiting.approval.id, principal=waiting.approver, decision="approve"
+        )
+    assert wait_terminal(conn, waiting.run_id).status is RunStatus.CANCELLED
     assert _stats(tickets)["created"] == 0
-    assert len(model.requests()) == 1
+    assert len(waiting.model.requests()) == 1
 
 
 def test_an_effect_wait_hibernates_and_the_outcome_wakes_it(
@@ -246,31 +260,28 @@ def test_runs_a_stopped_worker_was_executing_go_to_the_next_worker(
     assert len(model.requests()) == 2
 
 
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    yield from capture_telemetry(CaptureMode.NO_CONTENT)
+
+
 def test_a_hibernated_execution_ends_its_span_cleanly_and_the_next_links_to_it(
-    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+    conn: Conn, scripted_model: Any, worker: Any, captured: Captured
 ) -> None:
-    captured_telemetry = capture_telemetry(CaptureMode.NO_CONTENT)
-    captured = next(captured_telemetry)
-    try:
-        model = scripted_model(_ticket_script("write_ticket"))
-        worker(model.url)
-        approver, _ = principal_create(conn, name="alice", roles=["approver"])
-        run_id = start_test_run(conn, "ops", "db-1 disk is full")
-        approval = _pending_approval(conn, run_id)
-        _hibernated(conn, run_id)
-        approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
-        assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
-        runs = [
-            s
-            for s in captured.by_kind("invoke_agent")
-            if s.attributes and s.attributes.get("ledgerloop.run.id") == str(run_id)
-        ]
-        first, second = sorted(runs, key=lambda s: s.start_time or 0)
-        assert first.attributes is not None
-        assert first.attributes.get("ledgerloop.run.hibernated") is True
-        assert first.status.status_code is not StatusCode.ERROR
-        assert second.attributes is not None
-        assert "ledgerloop.run.hibernated" not in second.attributes
-        assert [link.context.span_id for link in second.links] == [first.context.span_id]
-    finally:
-        next(captured_telemetry, None)
+    waiting = _hibernated_ticket_run(conn, scripted_model, worker)
+    approval_decide(
+        conn, approval_id=waiting.approval.id, principal=waiting.approver, decision="approve"
+    )
+    assert wait_terminal(conn, waiting.run_id).status is RunStatus.SUCCEEDED
+    runs = [
+        s
+        for s in captured.by_kind("invoke_agent")
+        if s.attributes and s.attributes.get("ledgerloop.run.id") == str(waiting.run_id)
+    ]
+    first, second = sorted(runs, key=lambda s: s.start_time or 0)
+    assert first.attributes is not None
+    assert first.attributes.get("ledgerloop.run.hibernated") is True
+    assert first.status.status_code is not StatusCode.ERROR
+    assert second.attributes is not None
+    assert "ledgerloop.run.hibernated" not in second.attributes
+    assert [link.context.span_id for link in second.links] == [first.context.span_id]
