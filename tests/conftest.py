@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from app.config import Settings, load_settings
-from app.db.connect import Conn, connect
-from app.models.script import parse_script
-from app.models.scripted_server import ScriptedModelServer
-from app.runs.states import TERMINAL
-from app.runs.store import Run, run_require
-from app.testing.postgres import DatabaseFactory, PostgresServer, postgres_server, wait_until
+from ledgerloop.config import Settings, load_settings
+from ledgerloop.db.connect import Conn, connect
+from ledgerloop.models.script import parse_script
+from ledgerloop.models.scripted_server import ScriptedModelServer
+from ledgerloop.runs.states import TERMINAL
+from ledgerloop.runs.store import Run, run_require
+from ledgerloop.testing.postgres import DatabaseFactory, PostgresServer, postgres_server, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +80,7 @@ def scripted_model() -> Iterator[Callable[[str], ScriptedModelServer]]:
 
 
 def start_test_run(conn: Conn, agent: str, message: str, **input_extra: Any) -> uuid.UUID:
-    from app.runs.start import start_run
+    from ledgerloop.runs.start import start_run
 
     return start_run(conn, agent=agent, input={"message": message, **input_extra})
 

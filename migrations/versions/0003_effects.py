@@ -11,10 +11,10 @@ down_revision = "0002"
 branch_labels = None
 depends_on = None
 
-# Kept equal to app.effects.messages.EffectStatus and OutboxStatus; tests check they agree.
+# Kept equal to ledgerloop.effects.messages.EffectStatus and OutboxStatus; tests check they agree.
 EFFECT_STATUSES = ("pending", "started", "succeeded", "failed", "outcome_unknown", "needs_human")
 OUTBOX_STATUSES = ("pending", "claimed", "done", "dead")
-# The statuses a waiting workflow hears about (app.effects.messages.REPORTED).
+# The statuses a waiting workflow hears about (ledgerloop.effects.messages.REPORTED).
 REPORTED = ("succeeded", "failed", "outcome_unknown", "needs_human")
 
 

@@ -11,7 +11,7 @@ down_revision = "0003"
 branch_labels = None
 depends_on = None
 
-# Kept equal to app.approvals.store.ApprovalStatus; tests/integration/test_approval_store.py
+# Kept equal to ledgerloop.approvals.store.ApprovalStatus; tests/integration/test_approval_store.py
 # checks they agree.
 APPROVAL_STATUSES = ("pending", "approved", "rejected", "expired", "superseded", "cancelled")
 
@@ -178,7 +178,7 @@ def _start_run() -> None:
           v_tenant := coalesce(start_run.tenant_id, v_scope_tenant,
                                '00000000-0000-0000-0000-000000000000'::uuid);
 
-          -- The same INSERTs as app/runs/queries.sql run_insert and run_event_insert.
+          -- The same INSERTs as app/ledgerloop/runs/queries.sql run_insert and run_event_insert.
           INSERT INTO ledgerloop.agent_run (id, tenant_id, agent, status, state, input,
                                             idempotency_key)
           VALUES (gen_random_uuid(), v_tenant, start_run.agent, 'received', '{}'::jsonb,

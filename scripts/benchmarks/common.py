@@ -11,13 +11,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from app.config import Settings, load_settings
-from app.models.script import Script, parse_script
-from app.models.scripted_server import ScriptedModelServer
-from app.runtime import Runtime
-from app.testing.postgres import DatabaseFactory, postgres_server
-from app.testing.worker import WorkerThread
-from app.worker import WorkerOptions
+from ledgerloop.config import Settings, load_settings
+from ledgerloop.models.script import Script, parse_script
+from ledgerloop.models.scripted_server import ScriptedModelServer
+from ledgerloop.runtime import Runtime
+from ledgerloop.testing.postgres import DatabaseFactory, postgres_server
+from ledgerloop.testing.worker import WorkerThread
+from ledgerloop.worker import WorkerOptions
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,16 +22,16 @@ from typing import Any
 import httpx
 from dbos import DBOS
 
-from app.agent import act_write
-from app.db.connect import connect
-from app.effects.ledger import effect_begin
-from app.effects.messages import DeliveryRequest
-from app.effects.relay import RelayConfig
-from app.effects.testing import RelayThread
-from app.runs.start import start_run
-from app.runtime import Runtime
-from app.services import relay_service
-from app.testing.postgres import wait_until
+from ledgerloop.agent import act_write
+from ledgerloop.db.connect import connect
+from ledgerloop.effects.ledger import effect_begin
+from ledgerloop.effects.messages import DeliveryRequest
+from ledgerloop.effects.relay import RelayConfig
+from ledgerloop.effects.testing import RelayThread
+from ledgerloop.runs.start import start_run
+from ledgerloop.runtime import Runtime
+from ledgerloop.services import relay_service
+from ledgerloop.testing.postgres import wait_until
 from scripts.benchmarks.common import (
     database,
     per_unit_ms,
@@ -49,11 +49,11 @@ LATENCY_N = 40
 
 
 def ticket_service() -> tuple[subprocess.Popen[bytes], str]:
-    from app.db.cluster import free_port
+    from ledgerloop.db.cluster import free_port
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.examples.ticket_service", "--port", str(port)],
+        [sys.executable, "-m", "ledgerloop.examples.ticket_service", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

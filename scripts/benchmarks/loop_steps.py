@@ -11,11 +11,11 @@ from typing import Any
 
 from dbos import DBOS
 
-from app.agent import steps
-from app.examples.ops_agent import OPS_AGENT, SearchArgs, search_kb
-from app.runs.start import start_run
-from app.runtime import Runtime
-from app.tools.registry import ToolContext
+from ledgerloop.agent import steps
+from ledgerloop.examples.ops_agent import OPS_AGENT, SearchArgs, search_kb
+from ledgerloop.runs.start import start_run
+from ledgerloop.runtime import Runtime
+from ledgerloop.tools.registry import ToolContext
 from scripts.benchmarks.common import (
     database,
     per_unit_ms,
@@ -33,7 +33,7 @@ CALL = {"id": "toolu_bench", "name": "search_kb", "input": {"query": "disk full"
 
 
 async def _bare_model() -> dict[str, Any]:
-    from app.runtime import get_runtime
+    from ledgerloop.runtime import get_runtime
 
     rt = get_runtime()
     message = await rt.model.client.messages.create(

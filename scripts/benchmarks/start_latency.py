@@ -11,10 +11,10 @@ import statistics
 import time
 from typing import Any
 
-from app.db.connect import connect
-from app.runs.start import start_run
-from app.runtime import Runtime
-from app.testing.postgres import wait_until
+from ledgerloop.db.connect import connect
+from ledgerloop.runs.start import start_run
+from ledgerloop.runtime import Runtime
+from ledgerloop.testing.postgres import wait_until
 from scripts.benchmarks.common import database, report, run_in_worker, scripted, settings_for
 
 N = 40

@@ -12,10 +12,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from app.agent.loop import ledgerloop_run
-from app.runs.store import run_create
-from app.runtime import Runtime
-from app.telemetry.spans import Telemetry, set_telemetry
+from ledgerloop.agent.loop import ledgerloop_run
+from ledgerloop.runs.store import run_create
+from ledgerloop.runtime import Runtime
+from ledgerloop.telemetry.spans import Telemetry, set_telemetry
 from scripts.benchmarks.common import (
     database,
     per_unit_ms,

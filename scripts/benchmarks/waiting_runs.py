@@ -14,10 +14,10 @@ import os
 import time
 from pathlib import Path
 
-from app.db.connect import connect
-from app.runs.start import start_run
-from app.testing.postgres import wait_until
-from app.testing.processes import start_worker, stop_worker, worker_env
+from ledgerloop.db.connect import connect
+from ledgerloop.runs.start import start_run
+from ledgerloop.testing.postgres import wait_until
+from ledgerloop.testing.processes import start_worker, stop_worker, worker_env
 from scripts.benchmarks.common import database, report, scripted
 
 N = int(os.environ.get("BENCH_WAITING_RUNS", "10000"))

@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from app.db.connect import Conn
-from app.effects.ledger import effect_list
-from app.examples.ticket_service import TicketServiceThread
-from app.runs.states import TERMINAL, RunStatus
-from app.runs.store import run_require
-from app.testing.postgres import wait_until
-from app.testing.processes import REPO, start_relay, start_worker, stop_worker, worker_env
+from ledgerloop.db.connect import Conn
+from ledgerloop.effects.ledger import effect_list
+from ledgerloop.examples.ticket_service import TicketServiceThread
+from ledgerloop.runs.states import TERMINAL, RunStatus
+from ledgerloop.runs.store import run_require
+from ledgerloop.testing.postgres import wait_until
+from ledgerloop.testing.processes import REPO, start_relay, start_worker, stop_worker, worker_env
 from tests.conftest import start_test_run
 
 pytestmark = pytest.mark.crash

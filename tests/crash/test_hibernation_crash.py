@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from app.approvals.principals import principal_create
-from app.approvals.store import approval_decide, approval_list
-from app.db.connect import Conn
-from app.examples.ticket_service import TicketServiceThread
-from app.runs.states import RunStatus
-from app.testing.postgres import wait_until
-from app.testing.processes import worker_env, worker_process
+from ledgerloop.approvals.principals import principal_create
+from ledgerloop.approvals.store import approval_decide, approval_list
+from ledgerloop.db.connect import Conn
+from ledgerloop.examples.ticket_service import TicketServiceThread
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.testing.postgres import wait_until
+from ledgerloop.testing.processes import worker_env, worker_process
 from tests.conftest import start_test_run, wait_terminal
 
 pytestmark = pytest.mark.crash

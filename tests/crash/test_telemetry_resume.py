@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from app.db.connect import Conn
-from app.runs.states import RunStatus
-from app.testing.processes import worker_env, worker_process
+from ledgerloop.db.connect import Conn
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.testing.processes import worker_env, worker_process
 from tests.conftest import start_test_run, wait_terminal
 from tests.support.otlp import Receiver, running_receiver
 

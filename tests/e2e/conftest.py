@@ -12,19 +12,19 @@ from typing import Any
 import httpx
 import pytest
 
-from app.approvals.preview import render_preview
-from app.approvals.principals import principal_create
-from app.approvals.store import Approval, approval_request
-from app.config import DEFAULT_TENANT
-from app.db.connect import Conn
-from app.effects.hashing import request_hash
-from app.effects.ledger import Effect, effect_begin
-from app.http.app import create_app
-from app.http.server import listen, run_server
-from app.runs.start import start_run
-from app.runs.states import RunStatus
-from app.runs.store import run_require, run_transition
-from app.testing.postgres import wait_until
+from ledgerloop.approvals.preview import render_preview
+from ledgerloop.approvals.principals import principal_create
+from ledgerloop.approvals.store import Approval, approval_request
+from ledgerloop.config import DEFAULT_TENANT
+from ledgerloop.db.connect import Conn
+from ledgerloop.effects.hashing import request_hash
+from ledgerloop.effects.ledger import Effect, effect_begin
+from ledgerloop.http.app import create_app
+from ledgerloop.http.server import listen, run_server
+from ledgerloop.runs.start import start_run
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.runs.store import run_require, run_transition
+from ledgerloop.testing.postgres import wait_until
 
 #: The agents the test app knows (the factory takes names; no worker runs them here).
 AGENTS = frozenset({"ops", "looper"})

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
-from app.approvals.store import ApprovalStatus, approval_get
-from app.db.connect import Conn
-from app.runs.cancel import cancel_run
+from ledgerloop.approvals.store import ApprovalStatus, approval_get
+from ledgerloop.db.connect import Conn
+from ledgerloop.runs.cancel import cancel_run
 from tests.e2e.conftest import MakeToken, ServerThread, run_awaiting_approval
 
 pytestmark = pytest.mark.e2e

@@ -21,15 +21,15 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from app.approvals.principals import principal_authenticate
-from app.approvals.store import ApprovalStatus, approval_get
-from app.cli import cli
-from app.db.connect import Conn
-from app.effects.ledger import effect_require
-from app.effects.messages import EffectStatus
-from app.runs.store import run_require
-from app.testing.postgres import wait_until
-from app.testing.processes import REPO, worker_env
+from ledgerloop.approvals.principals import principal_authenticate
+from ledgerloop.approvals.store import ApprovalStatus, approval_get
+from ledgerloop.cli import cli
+from ledgerloop.db.connect import Conn
+from ledgerloop.effects.ledger import effect_require
+from ledgerloop.effects.messages import EffectStatus
+from ledgerloop.runs.store import run_require
+from ledgerloop.testing.postgres import wait_until
+from ledgerloop.testing.processes import REPO, worker_env
 from tests.e2e.conftest import MakeToken, bearer, parked_effect, run_awaiting_approval
 
 pytestmark = pytest.mark.e2e
@@ -201,7 +201,7 @@ def test_up_serves_the_api_until_sigterm(
     log = tmp_path / "up.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "up", "--no-relay"],
+            [sys.executable, "-m", "ledgerloop.cli", "up", "--no-relay"],
             env=env,
             cwd=REPO,
             stdout=out,
@@ -260,7 +260,7 @@ def test_up_with_a_busy_http_port_stops_and_says_why(db_url: str, tmp_path: Path
         log = tmp_path / "up.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "up", "--no-relay"],
+                [sys.executable, "-m", "ledgerloop.cli", "up", "--no-relay"],
                 env=env,
                 cwd=REPO,
                 stdout=out,

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from app.testing.processes import REPO
+from ledgerloop.testing.processes import REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +17,7 @@ def test_demo_files_exactly_one_ticket_after_approval(db_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGERLOOP_", "ANTHROPIC_"))}
     env["LEDGERLOOP_DATABASE_URL"] = db_url
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "demo"],
+        [sys.executable, "-m", "ledgerloop.cli", "demo"],
         env=env,
         cwd=REPO,
         capture_output=True,

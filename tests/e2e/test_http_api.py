@@ -11,11 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
-from app.approvals.principals import principal_revoke
-from app.db.connect import Conn
-from app.runs.states import RunStatus
-from app.runs.store import run_events, run_require
-from app.runs.timeline import dbos_client
+from ledgerloop.approvals.principals import principal_revoke
+from ledgerloop.db.connect import Conn
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.runs.store import run_events, run_require
+from ledgerloop.runs.timeline import dbos_client
 from tests.e2e.conftest import (
     TENANT_B,
     MakeToken,
@@ -226,7 +226,7 @@ def test_unexpected_failures_are_a_generic_500_and_logged(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("internal detail the caller must not see")
 
-    monkeypatch.setattr("app.http.routes_runs.run_list", broken)
+    monkeypatch.setattr("ledgerloop.http.routes_runs.run_list", broken)
     token = make_token("viewer")
     with caplog.at_level(logging.ERROR, logger="ledgerloop.http"):
         response = http.get("/v1/runs", headers=bearer(token))

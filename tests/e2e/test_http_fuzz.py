@@ -23,10 +23,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from app.approvals.principals import principal_create
-from app.db.connect import connect
-from app.http.app import create_app
-from app.testing.postgres import DatabaseFactory
+from ledgerloop.approvals.principals import principal_create
+from ledgerloop.db.connect import connect
+from ledgerloop.http.app import create_app
+from ledgerloop.testing.postgres import DatabaseFactory
 from tests.e2e.conftest import AGENTS, ServerThread, bearer, parked_effect, run_awaiting_approval
 
 pytestmark = pytest.mark.e2e

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from app.examples.ticket_service import TicketServiceThread
-from app.services import build_services
-from app.testing.worker import WorkerThread
-from app.worker import WorkerOptions
+from ledgerloop.examples.ticket_service import TicketServiceThread
+from ledgerloop.services import build_services
+from ledgerloop.testing.worker import WorkerThread
+from ledgerloop.worker import WorkerOptions
 from tests.conftest import REPO
 
 

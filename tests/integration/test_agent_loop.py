@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from app.db.connect import Conn
-from app.runs.states import RunStatus
-from app.runs.store import run_events
-from app.testing.worker import WorkerThread
-from app.tools.payloads import payload_get
+from ledgerloop.db.connect import Conn
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.runs.store import run_events
+from ledgerloop.testing.worker import WorkerThread
+from ledgerloop.tools.payloads import payload_get
 from tests.conftest import start_test_run, wait_terminal
 from tests.support import agents as test_agents
 

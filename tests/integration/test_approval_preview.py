@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from app.approvals import approval_get, approval_request, render_preview
-from app.approvals.preview import MAX_VALUE_CHARS, looks_secret
-from app.db.connect import Conn
-from app.runs.store import run_create
+from ledgerloop.approvals import approval_get, approval_request, render_preview
+from ledgerloop.approvals.preview import MAX_VALUE_CHARS, looks_secret
+from ledgerloop.db.connect import Conn
+from ledgerloop.runs.store import run_create
 
 
 def test_preview_has_tool_summary_and_lines() -> None:

@@ -8,7 +8,7 @@ import uuid
 import psycopg
 import pytest
 
-from app.approvals import (
+from ledgerloop.approvals import (
     InvalidApprovalInput,
     Unauthenticated,
     principal_authenticate,
@@ -17,9 +17,9 @@ from app.approvals import (
     principal_list,
     principal_revoke,
 )
-from app.approvals.principals import parse_token
-from app.config import DEFAULT_TENANT
-from app.db.connect import Conn, tenant_scope
+from ledgerloop.approvals.principals import parse_token
+from ledgerloop.config import DEFAULT_TENANT
+from ledgerloop.db.connect import Conn, tenant_scope
 
 
 def test_created_token_authenticates_as_its_principal(conn: Conn) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from app.approvals import (
+from ledgerloop.approvals import (
     ApprovalConflict,
     ApprovalNotFound,
     ApprovalStatus,
@@ -31,14 +31,14 @@ from app.approvals import (
     principal_revoke,
     render_preview,
 )
-from app.approvals.store import Approval
-from app.config import DEFAULT_TENANT
-from app.db.connect import Conn, connect, tenant_scope
-from app.effects.hashing import request_hash
-from app.runs.start import start_run
-from app.runs.states import RunStatus
-from app.runs.store import Outcome, Run, RunNotFound, run_create, run_require, run_transition
-from app.testing.postgres import wait_until
+from ledgerloop.approvals.store import Approval
+from ledgerloop.config import DEFAULT_TENANT
+from ledgerloop.db.connect import Conn, connect, tenant_scope
+from ledgerloop.effects.hashing import request_hash
+from ledgerloop.runs.start import start_run
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.runs.store import Outcome, Run, RunNotFound, run_create, run_require, run_transition
+from ledgerloop.testing.postgres import wait_until
 
 A = ApprovalStatus
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

@@ -9,17 +9,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from app.config import DEFAULT_TENANT
-from app.db.connect import Conn, tenant_scope
-from app.effects.errors import (
+from ledgerloop.config import DEFAULT_TENANT
+from ledgerloop.db.connect import Conn, tenant_scope
+from ledgerloop.effects.errors import (
     EffectNotFound,
     EffectNotResolvable,
     InvalidCompensation,
     InvalidDeliveryRequest,
     KeyReuse,
 )
-from app.effects.hashing import idempotency_key, request_hash
-from app.effects.ledger import (
+from ledgerloop.effects.hashing import idempotency_key, request_hash
+from ledgerloop.effects.ledger import (
     Effect,
     compensation_begin,
     effect_begin,
@@ -27,10 +27,10 @@ from app.effects.ledger import (
     effect_list,
     effect_resolve,
 )
-from app.effects.messages import REPORTED, DeliveryRequest, EffectStatus, OutboxStatus
-from app.effects.testing import messages_for, workflow_row
-from app.errors import LedgerloopError
-from app.runs.store import run_create
+from ledgerloop.effects.messages import REPORTED, DeliveryRequest, EffectStatus, OutboxStatus
+from ledgerloop.effects.testing import messages_for, workflow_row
+from ledgerloop.errors import LedgerloopError
+from ledgerloop.runs.store import run_create
 
 TENANT_A = DEFAULT_TENANT
 TENANT_B = uuid.UUID(int=2)
@@ -375,10 +375,10 @@ def test_an_operator_in_a_tenant_scope_resolves_and_the_workflow_hears(conn: Con
 
 
 def test_cancelling_a_run_closes_its_undelivered_effects_only(conn: Conn) -> None:
-    from app.effects.ledger import effect_require
-    from app.runs.cancel import cancel_run
-    from app.runs.states import RunStatus
-    from app.runs.store import run_require, run_transition
+    from ledgerloop.effects.ledger import effect_require
+    from ledgerloop.runs.cancel import cancel_run
+    from ledgerloop.runs.states import RunStatus
+    from ledgerloop.runs.store import run_require, run_transition
 
     run_id = new_run(conn)
     run_transition(conn, run_require(conn, run_id), RunStatus.PLANNING, "planning")

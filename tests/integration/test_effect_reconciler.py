@@ -18,19 +18,19 @@ from typing import Any
 import httpx
 import pytest
 
-from app.config import DEFAULT_TENANT
-from app.db.connect import Conn
-from app.effects.errors import RetryUnsafe
-from app.effects.hashing import request_hash
-from app.effects.ledger import Effect, effect_begin, effect_get, effect_resolve
-from app.effects.messages import EffectStatus, OutboxStatus
-from app.effects.outbox import connect_async, outbox_claim
-from app.effects.reconciler import reconcile_once, run_reconciler
-from app.effects.relay import RelayConfig
-from app.effects.testing import drain_outbox, messages_for, workflow_row
-from app.examples.ticket_service import TicketServiceThread
-from app.runs.store import run_create
-from app.testing.postgres import wait_until
+from ledgerloop.config import DEFAULT_TENANT
+from ledgerloop.db.connect import Conn
+from ledgerloop.effects.errors import RetryUnsafe
+from ledgerloop.effects.hashing import request_hash
+from ledgerloop.effects.ledger import Effect, effect_begin, effect_get, effect_resolve
+from ledgerloop.effects.messages import EffectStatus, OutboxStatus
+from ledgerloop.effects.outbox import connect_async, outbox_claim
+from ledgerloop.effects.reconciler import reconcile_once, run_reconciler
+from ledgerloop.effects.relay import RelayConfig
+from ledgerloop.effects.testing import drain_outbox, messages_for, workflow_row
+from ledgerloop.examples.ticket_service import TicketServiceThread
+from ledgerloop.runs.store import run_create
+from ledgerloop.testing.postgres import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BODY = {"title": "Printer on fire", "body": "third floor", "priority": "high"}
@@ -358,7 +358,7 @@ def test_a_lookup_that_cannot_answer_is_asked_again_later(
 
 CRASHING_RELAY = """
 import asyncio, json, sys
-from app.effects.relay import RelayConfig, run_relay
+from ledgerloop.effects.relay import RelayConfig, run_relay
 config = RelayConfig(lease_margin_s=0)
 asyncio.run(run_relay(sys.argv[1], json.loads(sys.argv[2]), stop=asyncio.Event(), config=config))
 """

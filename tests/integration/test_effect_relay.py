@@ -10,17 +10,17 @@ from typing import Any
 import httpx
 import pytest
 
-from app.config import DEFAULT_TENANT
-from app.db.connect import Conn
-from app.effects.hashing import request_hash
-from app.effects.ledger import Effect, compensation_begin, effect_begin, effect_get
-from app.effects.messages import EffectStatus, OutboxStatus
-from app.effects.outbox import Outcome, connect_async, outbox_claim, outbox_record
-from app.effects.relay import RelayConfig
-from app.effects.testing import RelayThread, drain_outbox, messages_for, workflow_row
-from app.examples.ticket_service import TicketServiceThread
-from app.runs.store import run_create
-from app.testing.postgres import wait_until
+from ledgerloop.config import DEFAULT_TENANT
+from ledgerloop.db.connect import Conn
+from ledgerloop.effects.hashing import request_hash
+from ledgerloop.effects.ledger import Effect, compensation_begin, effect_begin, effect_get
+from ledgerloop.effects.messages import EffectStatus, OutboxStatus
+from ledgerloop.effects.outbox import Outcome, connect_async, outbox_claim, outbox_record
+from ledgerloop.effects.relay import RelayConfig
+from ledgerloop.effects.testing import RelayThread, drain_outbox, messages_for, workflow_row
+from ledgerloop.examples.ticket_service import TicketServiceThread
+from ledgerloop.runs.store import run_create
+from ledgerloop.testing.postgres import wait_until
 
 BODY = {"title": "Printer on fire", "body": "third floor", "priority": "high"}
 # Fast backoff so retry tests take milliseconds; the ticket service's refusals also carry

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from app.effects.transport import LeanTransport
+from ledgerloop.effects.transport import LeanTransport
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
 

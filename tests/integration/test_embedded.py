@@ -6,8 +6,8 @@ from pathlib import Path
 
 import psycopg
 
-from app.db.embedded import start_embedded
-from app.db.migrate import schema_state, upgrade
+from ledgerloop.db.embedded import start_embedded
+from ledgerloop.db.migrate import schema_state, upgrade
 
 
 def test_embedded_postgres_starts_and_migrates(tmp_path: Path) -> None:

@@ -19,17 +19,17 @@ import httpx
 import pytest
 from opentelemetry.trace import StatusCode
 
-from app.approvals.principals import principal_create
-from app.approvals.store import approval_decide, approval_list
-from app.db.connect import Conn
-from app.effects.ledger import effect_list
-from app.examples.ticket_service import TicketServiceThread
-from app.runs.cancel import cancel_run
-from app.runs.states import RunStatus
-from app.telemetry.content import CaptureMode
-from app.testing.postgres import wait_until
-from app.testing.processes import start_relay, stop_worker, worker_env
-from app.testing.worker import WorkerThread
+from ledgerloop.approvals.principals import principal_create
+from ledgerloop.approvals.store import approval_decide, approval_list
+from ledgerloop.db.connect import Conn
+from ledgerloop.effects.ledger import effect_list
+from ledgerloop.examples.ticket_service import TicketServiceThread
+from ledgerloop.runs.cancel import cancel_run
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.telemetry.content import CaptureMode
+from ledgerloop.testing.postgres import wait_until
+from ledgerloop.testing.processes import start_relay, stop_worker, worker_env
+from ledgerloop.testing.worker import WorkerThread
 from tests.conftest import REPO, start_test_run, wait_terminal
 from tests.support.telemetry import Captured, capture_telemetry
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.db.connect import connect
-from app.db.errors import SchemaOutdated
-from app.db.migrate import ensure_current, schema_state, upgrade
-from app.testing.postgres import DatabaseFactory
+from ledgerloop.db.connect import connect
+from ledgerloop.db.errors import SchemaOutdated
+from ledgerloop.db.migrate import ensure_current, schema_state, upgrade
+from ledgerloop.testing.postgres import DatabaseFactory
 
 
 def _cli(*args: str, url: str | None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -20,7 +20,7 @@ def _cli(*args: str, url: str | None, timeout: float = 120) -> subprocess.Comple
     if url is not None:
         env["LEDGERLOOP_DATABASE_URL"] = url
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "ledgerloop.cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -86,7 +86,7 @@ def test_five_concurrent_upgrades_serialise_on_the_lock(empty_db: str) -> None:
     env["LEDGERLOOP_DATABASE_URL"] = empty_db
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "db", "upgrade"],
+            [sys.executable, "-m", "ledgerloop.cli", "db", "upgrade"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -124,14 +124,14 @@ def test_malformed_url_is_one_line_exit_2() -> None:
 
 
 def test_unreachable_database_is_one_line_exit_2() -> None:
-    from app.db.cluster import free_port
+    from ledgerloop.db.cluster import free_port
 
     result = _cli("db", "upgrade", url=f"postgresql://postgres@127.0.0.1:{free_port()}/x")
     _assert_one_clear_line(result, "cannot reach the database", "LEDGERLOOP_DATABASE_URL")
 
 
 def test_role_without_privileges_is_one_line_exit_2(empty_db: str) -> None:
-    from app.db.url import with_database
+    from ledgerloop.db.url import with_database
 
     role = "ll_nopriv"
     with connect(empty_db, autocommit=True) as conn:
@@ -156,7 +156,7 @@ def test_up_refuses_an_outdated_schema_naming_the_fix(empty_db: str) -> None:
         }
     )
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "up", "--no-http", "--no-relay"],
+        [sys.executable, "-m", "ledgerloop.cli", "up", "--no-http", "--no-relay"],
         env=env,
         capture_output=True,
         text=True,

@@ -9,9 +9,16 @@ from typing import Any
 
 import pytest
 
-from app.db.connect import Conn, connect
-from app.runs.states import RunStatus
-from app.runs.store import Outcome, StaleRun, run_create, run_events, run_require, run_transition
+from ledgerloop.db.connect import Conn, connect
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.runs.store import (
+    Outcome,
+    StaleRun,
+    run_create,
+    run_events,
+    run_require,
+    run_transition,
+)
 
 
 def _advance(url: str, run_id: str, target: str, event: str, barrier: Barrier, out: Any) -> None:

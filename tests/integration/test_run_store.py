@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.db.connect import Conn, tenant_scope
-from app.runs.states import TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
-from app.runs.store import (
+from ledgerloop.db.connect import Conn, tenant_scope
+from ledgerloop.runs.states import TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
+from ledgerloop.runs.store import (
     Outcome,
     RunNotFound,
     StaleRun,

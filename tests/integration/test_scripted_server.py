@@ -18,8 +18,8 @@ import httpx
 import pytest
 from anthropic.types import Message, MessageParam, TextBlock, ToolUseBlock
 
-from app.models.script import OPS_DEMO_SCRIPT, Script, load_script
-from app.models.scripted_server import EXHAUSTED_TEXT, ScriptedModelServer, main
+from ledgerloop.models.script import OPS_DEMO_SCRIPT, Script, load_script
+from ledgerloop.models.scripted_server import EXHAUSTED_TEXT, ScriptedModelServer, main
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL_ID = re.compile(r"^toolu_[0-9a-f]{24}$")
@@ -393,7 +393,13 @@ def test_stop_is_idempotent_and_url_needs_a_running_server() -> None:
 
 def test_main_serves_until_sigterm(tmp_path: Path) -> None:
     log_path = tmp_path / "log.jsonl"
-    command = [sys.executable, "-m", "app.models.scripted_server", "--script", str(OPS_DEMO_SCRIPT)]
+    command = [
+        sys.executable,
+        "-m",
+        "ledgerloop.models.scripted_server",
+        "--script",
+        str(OPS_DEMO_SCRIPT),
+    ]
     command += ["--port", "0", "--log", str(log_path)]
     with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as process:
         assert process.stdout is not None

@@ -13,10 +13,10 @@ import psycopg
 import pytest
 from dbos import DBOSClient
 
-from app.config import DEFAULT_TENANT
-from app.db.connect import Conn, connect, tenant_scope
-from app.runs.start import InvalidRunInput, start_run
-from app.runs.store import run_create, run_events, run_get, run_list
+from ledgerloop.config import DEFAULT_TENANT
+from ledgerloop.db.connect import Conn, connect, tenant_scope
+from ledgerloop.runs.start import InvalidRunInput, start_run
+from ledgerloop.runs.store import run_create, run_events, run_get, run_list
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sql_start_run.md"
 LIMIT = 262144

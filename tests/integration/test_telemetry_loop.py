@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from opentelemetry.trace import SpanKind
 
-from app.db.connect import Conn
-from app.runs.states import RunStatus
-from app.telemetry.content import CaptureMode
-from app.testing.worker import WorkerThread
+from ledgerloop.db.connect import Conn
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.telemetry.content import CaptureMode
+from ledgerloop.testing.worker import WorkerThread
 from tests.conftest import start_test_run, wait_terminal
 from tests.support.telemetry import Captured, capture_telemetry
 

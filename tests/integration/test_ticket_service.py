@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.examples.ticket_service import TicketServiceThread
+from ledgerloop.examples.ticket_service import TicketServiceThread
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TICKET = {"title": "Printer on fire", "body": "third floor", "priority": "high"}
@@ -293,7 +293,7 @@ def test_thread_has_its_own_state_and_releases_its_port(client: httpx.Client) ->
 
 def test_module_entry_point_serves_and_stops_cleanly_on_sigint() -> None:
     with subprocess.Popen(
-        [sys.executable, "-m", "app.examples.ticket_service", "--port", "0"],
+        [sys.executable, "-m", "ledgerloop.examples.ticket_service", "--port", "0"],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,

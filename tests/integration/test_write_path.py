@@ -12,14 +12,14 @@ from typing import Any
 
 import httpx
 
-from app.approvals.principals import principal_create
-from app.approvals.store import approval_decide, approval_list
-from app.db.connect import Conn
-from app.effects.ledger import effect_list, effect_resolve
-from app.examples.ticket_service import TicketServiceThread
-from app.runs.states import RunStatus
-from app.runs.store import run_require
-from app.testing.postgres import wait_until
+from ledgerloop.approvals.principals import principal_create
+from ledgerloop.approvals.store import approval_decide, approval_list
+from ledgerloop.db.connect import Conn
+from ledgerloop.effects.ledger import effect_list, effect_resolve
+from ledgerloop.examples.ticket_service import TicketServiceThread
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.runs.store import run_require
+from ledgerloop.testing.postgres import wait_until
 from tests.conftest import start_test_run, wait_terminal
 
 

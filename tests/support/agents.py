@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from app.agent.definition import Agent, register_agent
-from app.models.client import Tier
-from app.tools.errors import PolicyDenied, ToolTimeout
-from app.tools.registry import HttpEffect, Tool, ToolContext, read_tool, write_tool
+from ledgerloop.agent.definition import Agent, register_agent
+from ledgerloop.models.client import Tier
+from ledgerloop.tools.errors import PolicyDenied, ToolTimeout
+from ledgerloop.tools.registry import HttpEffect, Tool, ToolContext, read_tool, write_tool
 
 
 class EchoArgs(BaseModel):

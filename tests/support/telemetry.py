@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from app.telemetry.content import CaptureMode
-from app.telemetry.spans import Telemetry, set_telemetry
+from ledgerloop.telemetry.content import CaptureMode
+from ledgerloop.telemetry.spans import Telemetry, set_telemetry
 
 
 @dataclass

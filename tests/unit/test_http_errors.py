@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from app.approvals.errors import ApprovalConflict, Forbidden, Unauthenticated
-from app.db.errors import DatabasePrivilegeError, DatabaseUnreachable
-from app.effects.errors import EffectNotFound, KeyReuse
-from app.errors import LedgerloopError
-from app.http.errors import error_type, ledgerloop_error_response, status_for
-from app.runs.cancel import RunNotCancellable
-from app.runs.start import InvalidRunInput
-from app.runs.store import RunNotFound
+from ledgerloop.approvals.errors import ApprovalConflict, Forbidden, Unauthenticated
+from ledgerloop.db.errors import DatabasePrivilegeError, DatabaseUnreachable
+from ledgerloop.effects.errors import EffectNotFound, KeyReuse
+from ledgerloop.errors import LedgerloopError
+from ledgerloop.http.errors import error_type, ledgerloop_error_response, status_for
+from ledgerloop.runs.cancel import RunNotCancellable
+from ledgerloop.runs.start import InvalidRunInput
+from ledgerloop.runs.store import RunNotFound
 
 
 def body(exc: LedgerloopError) -> tuple[int, dict[str, object], dict[str, str]]:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from app.config import load_settings
-from app.errors import ConfigError
-from app.models.client import Tier, make_model_client
-from app.tools.policy import OnReject, load_policy
+from ledgerloop.config import load_settings
+from ledgerloop.errors import ConfigError
+from ledgerloop.models.client import Tier, make_model_client
+from ledgerloop.tools.policy import OnReject, load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 

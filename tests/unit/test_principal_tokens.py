@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from app.approvals.errors import Unauthenticated
-from app.approvals.principals import (
+from ledgerloop.approvals.errors import Unauthenticated
+from ledgerloop.approvals.principals import (
     Principal,
     hash_secret,
     mint_token,

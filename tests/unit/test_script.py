@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import LedgerloopError
-from app.models.script import (
+from ledgerloop.errors import LedgerloopError
+from ledgerloop.models.script import (
     OPS_DEMO_SCRIPT,
     Script,
     ScriptError,

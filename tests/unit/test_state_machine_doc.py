@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from app.runs.states import TRANSITIONS
+from ledgerloop.runs.states import TRANSITIONS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "state_machine.md"
 

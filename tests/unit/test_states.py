@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.runs.states import TERMINAL, TRANSITIONS, InvalidTransition, RunStatus, check_move
+from ledgerloop.runs.states import TERMINAL, TRANSITIONS, InvalidTransition, RunStatus, check_move
 
 
 def test_every_status_has_a_row() -> None:

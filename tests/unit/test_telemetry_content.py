@@ -14,10 +14,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from app.telemetry import content
-from app.telemetry import semconv as sc
-from app.telemetry.content import CaptureMode, parse_capture_mode
-from app.telemetry.spans import Telemetry, agent_span, chat_span
+from ledgerloop.telemetry import content
+from ledgerloop.telemetry import semconv as sc
+from ledgerloop.telemetry.content import CaptureMode, parse_capture_mode
+from ledgerloop.telemetry.spans import Telemetry, agent_span, chat_span
 
 ENV = sc.ENV_CAPTURE_MESSAGE_CONTENT
 SYSTEM = "You are the ops agent. SECRET-SYSTEM"
@@ -121,7 +121,7 @@ def test_parse_capture_mode(raw: str | None, expected: CaptureMode) -> None:
 
 
 def test_invalid_value_warns_once_and_means_off(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="app.telemetry.content"):
+    with caplog.at_level(logging.WARNING, logger="ledgerloop.telemetry.content"):
         assert parse_capture_mode("yes-please") is CaptureMode.NO_CONTENT
         assert parse_capture_mode("yes-please") is CaptureMode.NO_CONTENT
     warnings = [r for r in caplog.records if ENV in r.getMessage()]

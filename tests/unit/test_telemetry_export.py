@@ -17,10 +17,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from app.telemetry import semconv as sc
-from app.telemetry.content import CaptureMode
-from app.telemetry.setup import GRPC_PACKAGE, build_providers
-from app.telemetry.spans import McpCall, Telemetry, agent_span, chat_span, tool_span
+from ledgerloop.telemetry import semconv as sc
+from ledgerloop.telemetry.content import CaptureMode
+from ledgerloop.telemetry.setup import GRPC_PACKAGE, build_providers
+from ledgerloop.telemetry.spans import McpCall, Telemetry, agent_span, chat_span, tool_span
 from tests.support.otlp import Receiver, running_receiver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,7 +80,8 @@ def test_spans_reach_a_real_otlp_http_receiver(receiver: Receiver) -> None:
 
 CHILD = textwrap.dedent(
     """
-    from app.telemetry import agent_span, chat_span, configure_telemetry, empty_turn, tool_span
+    from ledgerloop.telemetry import agent_span, chat_span, configure_telemetry
+    from ledgerloop.telemetry import empty_turn, tool_span
 
     configure_telemetry(console=False)
     configure_telemetry(console=False)  # twice is harmless

@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from app.telemetry import semconv as sc
-from app.telemetry.content import CaptureMode
-from app.telemetry.spans import Telemetry, agent_span, chat_span, empty_turn, tool_span
+from ledgerloop.telemetry import semconv as sc
+from ledgerloop.telemetry.content import CaptureMode
+from ledgerloop.telemetry.spans import Telemetry, agent_span, chat_span, empty_turn, tool_span
 
 USAGE = {"input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 1000}
 

@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, NoOpTracerProvider, SpanKind, StatusCode
 
-from app.telemetry import semconv as sc
-from app.telemetry.content import CaptureMode
-from app.telemetry.spans import (
+from ledgerloop.telemetry import semconv as sc
+from ledgerloop.telemetry.content import CaptureMode
+from ledgerloop.telemetry.spans import (
     McpCall,
     Telemetry,
     agent_span,

@@ -1,0 +1,92 @@
+"""Database errors a user can act on, and the one place driver errors become them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import psycopg.errors
+import sqlalchemy.exc
+
+from ledgerloop.errors import LedgerloopError
+
+
+class DatabaseUrlInvalid(LedgerloopError):
+    """LEDGERLOOP_DATABASE_URL is not a valid Postgres URL."""
+
+
+class DatabaseUnreachable(LedgerloopError):
+    """The database cannot be reached."""
+
+    retryable = True
+
+
+class DatabasePrivilegeError(LedgerloopError):
+    """The database role lacks a privilege Ledgerloop needs."""
+
+
+class DatabaseMissing(LedgerloopError):
+    """The database does not exist."""
+
+
+class SchemaOutdated(LedgerloopError):
+    """The database schema is older than this version of Ledgerloop."""
+
+
+def describe_target(url: str) -> str:
+    """host:port/dbname of a URL, never its password."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<invalid url>"
+    host = info.get("host") or "localhost"
+    port = info.get("port") or "5432"
+    return f"{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
+
+
+@contextmanager
+def translated(url: str, action: str) -> Iterator[None]:
+    """Turn driver errors met while doing `action` against `url` into LedgerloopErrors."""
+    target = describe_target(url)
+    try:
+        try:
+            yield
+        except sqlalchemy.exc.DBAPIError as wrapped:
+            # SQLAlchemy (DBOS, alembic) wraps the driver's error; judge the driver's own.
+            if isinstance(wrapped.orig, psycopg.Error):
+                raise wrapped.orig from wrapped
+            raise
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise DatabasePrivilegeError(
+            f"{action} on {target} was refused: {_first_line(exc)}",
+            fix="run `ledgerloop db upgrade` as the database owner, or grant the role CREATE on "
+            "the database (GRANT CREATE ON DATABASE ... TO ...)",
+        ) from exc
+    except psycopg.errors.InvalidCatalogName as exc:
+        raise DatabaseMissing(
+            f"database {target} does not exist",
+            fix="create it (createdb) or point LEDGERLOOP_DATABASE_URL at an existing database",
+        ) from exc
+    except psycopg.OperationalError as exc:
+        text = _first_line(exc)
+        if "does not exist" in text and "database" in text:
+            raise DatabaseMissing(
+                f"database {target} does not exist",
+                fix="create it (createdb) or point LEDGERLOOP_DATABASE_URL at an existing database",
+            ) from exc
+        if "permission denied" in text:
+            raise DatabasePrivilegeError(
+                f"{action} on {target} was refused: {text}",
+                fix="grant the role CONNECT on the database or use a role that has it",
+            ) from exc
+        raise DatabaseUnreachable(
+            f"cannot reach the database at {target}: {text}",
+            fix="check that Postgres is running and LEDGERLOOP_DATABASE_URL is right, or unset "
+            "it to use the embedded Postgres",
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

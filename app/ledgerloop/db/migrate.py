@@ -1,0 +1,121 @@
+"""`ledgerloop db upgrade` and the schema check that `ledgerloop up` runs first.
+
+Upgrades take a session-level advisory lock and wait for it: five processes upgrading at once
+queue up and the later ones find nothing to do. There is deliberately no "proceed without the
+lock" fallback; a migration racing another is how schemas get corrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from ledgerloop.db.connect import Conn, connect
+from ledgerloop.db.errors import SchemaOutdated, translated
+from ledgerloop.db.url import sqlalchemy_url
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "migrations"
+LOCK_KEY = 0x4C4C_4D49  # "LLMI": one constant key, so every upgrader contends for one lock
+SCHEMA = "ledgerloop"
+
+
+@dataclass(frozen=True)
+class SchemaState:
+    dbos_current: int
+    dbos_latest: int
+    ours_current: str | None
+    ours_head: str
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.dbos_current >= self.dbos_latest and self.ours_current == self.ours_head
+
+
+def _alembic_config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return cfg
+
+
+def _head() -> str:
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def schema_state(url: str) -> SchemaState:
+    """What is installed in the database against what this code expects."""
+    from dbos._migration import get_migration_versions
+
+    engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.NullPool)
+    try:
+        with translated(url, "reading the schema version"):
+            dbos_current, dbos_latest = get_migration_versions(engine, "dbos", True)
+            with engine.connect() as conn:
+                ours = MigrationContext.configure(
+                    conn, opts={"version_table_schema": SCHEMA}
+                ).get_current_revision()
+    finally:
+        engine.dispose()
+    return SchemaState(dbos_current, dbos_latest, ours, _head())
+
+
+def ensure_current(url: str) -> None:
+    """Refuse to run on an outdated schema, naming the command that fixes it."""
+    state = schema_state(url)
+    if not state.up_to_date:
+        raise SchemaOutdated(
+            f"the database schema is not current (dbos {state.dbos_current}/{state.dbos_latest}, "
+            f"ledgerloop {state.ours_current or 'none'}/{state.ours_head})",
+            fix="run `ledgerloop db upgrade`",
+        )
+
+
+def _wait_for_lock(conn: Conn) -> None:
+    """Wait for the migration lock by polling pg_try_advisory_lock.
+
+    A blocking pg_advisory_lock would keep a snapshot open while it waits, and DBOS's
+    CREATE INDEX CONCURRENTLY migrations wait for every older snapshot: the holder and the
+    waiters would then wait on each other forever.
+    """
+    while True:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s) AS locked", (LOCK_KEY,)).fetchone()
+        if row and row["locked"]:
+            return
+        time.sleep(0.1)
+
+
+def upgrade(url: str) -> bool:
+    """Install or upgrade DBOS's schema and ours. Returns whether anything changed."""
+    from dbos import DBOS
+
+    with connect(url, autocommit=True) as lock_conn:
+        with translated(url, "taking the migration lock"):
+            _wait_for_lock(lock_conn)
+        try:
+            before = schema_state(url)
+            if before.up_to_date:
+                return False
+            # DBOS logs each of its ~125 migrations at INFO; keep `db upgrade` to one line.
+            logging.getLogger("dbos").setLevel(logging.WARNING)
+            with translated(url, "migrating the dbos schema"):
+                DBOS.migrate(url, schema="dbos")
+            engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.NullPool)
+            try:
+                with translated(url, "migrating the ledgerloop schema"), engine.begin() as conn:
+                    cfg = _alembic_config()
+                    cfg.attributes["connection"] = conn
+                    command.upgrade(cfg, "head")
+            finally:
+                engine.dispose()
+            return True
+        finally:
+            lock_conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))

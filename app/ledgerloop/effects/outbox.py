@@ -1,0 +1,136 @@
+"""The relay's side of the outbox: claim due rows, record many outcomes at once.
+
+Async (the relay is an asyncio service) and set-based: one statement claims a batch and
+commits `started` on its effects; one transaction records a batch of outcomes. At 1,000
+deliveries/s that is a handful of round trips per batch instead of several per row.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from ledgerloop.db.errors import translated
+from ledgerloop.db.url import validate_url
+from ledgerloop.effects.ledger import Q
+from ledgerloop.effects.messages import EffectStatus, OutboxStatus
+
+AConn = psycopg.AsyncConnection[dict[str, Any]]
+
+CHANNEL = "ledgerloop_outbox"
+
+
+async def connect_async(url: str) -> AConn:
+    """An autocommit async connection with dict rows; driver errors become LedgerloopErrors."""
+    url = validate_url(url)
+    with translated(url, "connecting"):
+        return await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An outbox row this relay now owns, its effect already committed as `started`."""
+
+    outbox_id: int
+    key: str
+    destination: str
+    request: dict[str, Any]
+    #: Attempts in the current budget, this one included.
+    attempts: int
+    #: Seconds left until the deadline when the row was claimed (see `claimed_at`).
+    deadline_in_s: float
+    #: The effect's attempt counter after this claim; the record must match it.
+    effect_attempts: int
+    compensates: str | None
+    claimed_at: float
+
+    def deadline_left_s(self) -> float:
+        return self.deadline_in_s - (time.monotonic() - self.claimed_at)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to record for one claimed row."""
+
+    claimed: Claimed
+    status: EffectStatus
+    outbox_status: OutboxStatus
+    external_reference: str | None = None
+    result: Any = None
+    error: str | None = None
+    evidence: dict[str, Any] | None = None
+    #: outcome_unknown: how long the reconciler leaves it alone (the call may still land).
+    lease_s: float | None = None
+    #: A retry: when the row is due again.
+    retry_in_s: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "outbox_id": self.claimed.outbox_id,
+            "key": self.claimed.key,
+            "attempt": self.claimed.effect_attempts,
+            "status": self.status.value,
+            "outbox_status": self.outbox_status.value,
+            "external_reference": self.external_reference,
+            "result": self.result,
+            "error": self.error,
+            "evidence": self.evidence,
+            "lease_s": self.lease_s,
+            "retry_in_s": self.retry_in_s,
+        }
+
+
+async def outbox_claim(conn: AConn, *, limit: int, lease_margin_s: float) -> list[Claimed]:
+    """Claim up to `limit` due rows and commit `started` on their effects (one statement)."""
+    cursor = await conn.execute(
+        Q["outbox_claim"], {"limit": limit, "lease_margin_s": lease_margin_s}
+    )
+    rows = await cursor.fetchall()
+    now = time.monotonic()
+    orphans = [row["id"] for row in rows if not row["started"]]
+    if orphans:
+        await conn.execute(
+            Q["outbox_close_orphans"],
+            {"ids": orphans, "error": "closed unsent: its effect was no longer pending"},
+        )
+    return [
+        Claimed(
+            outbox_id=row["id"],
+            key=row["idempotency_key"],
+            destination=row["destination"],
+            request=row["request"],
+            attempts=row["attempts"],
+            deadline_in_s=row["deadline_in_s"],
+            effect_attempts=row["effect_attempts"],
+            compensates=row["compensates"],
+            claimed_at=now,
+        )
+        for row in rows
+        if row["started"]
+    ]
+
+
+async def outbox_record(conn: AConn, outcomes: list[Outcome]) -> set[str]:
+    """Record outcomes in one transaction; returns the keys this relay still owned.
+
+    A key missing from the answer was settled by someone else meanwhile (a reconciler after
+    this relay's lease ran out); its outcome is dropped, which is safe: the settlement that won
+    was made with the same or better knowledge.
+    """
+    async with conn.transaction():
+        cursor = await conn.execute(
+            Q["outbox_record"], {"outcomes": Jsonb([o.as_json() for o in outcomes])}
+        )
+        return {row["idempotency_key"] for row in await cursor.fetchall()}
+
+
+async def outbox_next_due(conn: AConn) -> float | None:
+    """Seconds until the earliest pending row is due (<= 0: due now); None when none is."""
+    cursor = await conn.execute(Q["outbox_next_due"])
+    row = await cursor.fetchone()
+    return None if row is None else row["due_in_s"]

@@ -1,0 +1,466 @@
+"""The relay: delivers outbox rows to their destinations, woken by LISTEN/NOTIFY.
+
+One loop claims due rows in batches (SKIP LOCKED, so several relays share the work), each
+claim committing `started` on the effects before any call goes out. Calls run concurrently,
+bounded, over one keep-alive HTTP client. A recorder task writes finished outcomes in batches,
+each batch one transaction that records the effects, closes or reschedules the outbox rows
+and (by the ledger's trigger) messages the waiting workflows.
+
+The relay sleeps until a notification, the earliest backoff-delayed row, or a slow safety
+poll for notifications lost while reconnecting; it never polls every second.
+
+Crash points (`ledgerloop.faults`): `relay.before_send` (started committed, nothing sent),
+`relay.after_send_before_record` (the destination answered, nothing recorded),
+`relay.after_record` (a batch of outcomes committed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+import httpx
+import psycopg
+
+from ledgerloop import faults
+from ledgerloop.effects.delivery import Delivery, Verdict, send
+from ledgerloop.effects.errors import InvalidDeliveryRequest
+from ledgerloop.effects.ledger import COMPENSATION_SUFFIX
+from ledgerloop.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
+from ledgerloop.effects.outbox import (
+    CHANNEL,
+    AConn,
+    Claimed,
+    Outcome,
+    connect_async,
+    outbox_claim,
+    outbox_next_due,
+    outbox_record,
+)
+from ledgerloop.effects.transport import LeanTransport
+from ledgerloop.errors import LedgerloopError
+
+log = logging.getLogger(__name__)
+
+#: After a claim that left due rows behind (another relay holds their locks), look again soon.
+CONTENDED_WAIT_S = 0.05
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    batch_size: int = 100
+    #: Calls in flight at once; also the HTTP client's connection limit.
+    concurrency: int = 100
+    #: Fallback wake-up for notifications missed while the listener reconnected.
+    safety_poll_s: float = 5.0
+    #: A claim's lease is the request timeout plus this (time to record the outcome).
+    lease_margin_s: float = 5.0
+    #: How long an unknown outcome rests before the reconciler looks: a request that timed out
+    #: here may still be running (and commit) at the destination.
+    settle_after_s: float = 5.0
+    backoff_base_s: float = 0.25
+    backoff_cap_s: float = 30.0
+    reconnect_s: float = 1.0
+    shutdown_grace_s: float = 10.0
+    record_batch: int = 500
+    #: Idle keep-alive connections close before a typical server's (uvicorn: 5 s), so a request
+    #: is never written onto a socket the server is closing: that would read as "unknown".
+    keepalive_expiry_s: float = 2.0
+    #: "lean": ledgerloop.effects.transport (about a tenth of httpx's CPU per call);
+    #: "httpx": httpx's own transport (proxies, HTTP/2). Both classify answers the same way.
+    transport: Literal["lean", "httpx"] = "lean"
+
+
+def _http_client(config: RelayConfig) -> httpx.AsyncClient:
+    """One pooled keep-alive client for every destination."""
+    if config.transport == "lean":
+        return httpx.AsyncClient(
+            transport=LeanTransport(
+                max_connections=config.concurrency, keepalive_expiry=config.keepalive_expiry_s
+            )
+        )
+    return httpx.AsyncClient(
+        limits=httpx.Limits(
+            max_connections=config.concurrency,
+            max_keepalive_connections=config.concurrency,
+            keepalive_expiry=config.keepalive_expiry_s,
+        )
+    )
+
+
+def backoff_s(attempt: int, base: float, cap: float, rand: Callable[[], float]) -> float:
+    """Exponential in the attempt number, with jitter so retries of a burst spread out."""
+    ceiling = min(cap, base * 2.0 ** max(attempt - 1, 0))
+    return ceiling / 2 + rand() * ceiling / 2
+
+
+def failure(claimed: Claimed, reason: str, outbox_status: OutboxStatus) -> Outcome:
+    """A non-retryable end; a compensation parks for a person instead (it must not just stop)."""
+    if claimed.compensates is not None:
+        return Outcome(
+            claimed,
+            EffectStatus.NEEDS_HUMAN,
+            outbox_status,
+            error=f"compensation failed: {reason}",
+            evidence={
+                "reason": f"compensation failed: {reason}",
+                "last_error": reason,
+                "attempts": claimed.effect_attempts,
+                "request": claimed.request,
+            },
+        )
+    return Outcome(claimed, EffectStatus.FAILED, outbox_status, error=reason)
+
+
+def decide(
+    claimed: Claimed,
+    request: DeliveryRequest,
+    delivery: Delivery,
+    config: RelayConfig,
+    rand: Callable[[], float] = random.random,
+) -> Outcome:
+    """What one answer means for the effect and its outbox row."""
+    if delivery.verdict is Verdict.SUCCEEDED:
+        return Outcome(
+            claimed,
+            EffectStatus.SUCCEEDED,
+            OutboxStatus.DONE,
+            external_reference=delivery.external_reference,
+            result=delivery.result,
+        )
+    if delivery.verdict is Verdict.FAILED:
+        return failure(claimed, delivery.detail, OutboxStatus.DONE)
+    if delivery.verdict is Verdict.UNKNOWN:
+        return Outcome(
+            claimed,
+            EffectStatus.OUTCOME_UNKNOWN,
+            OutboxStatus.DONE,
+            error=delivery.detail,
+            evidence={
+                "last_error": delivery.detail,
+                "status_code": delivery.status_code,
+                "attempts": claimed.effect_attempts,
+            },
+            lease_s=config.settle_after_s,
+        )
+    attempt = claimed.attempts
+    if attempt >= request.max_attempts:
+        return failure(
+            claimed,
+            f"gave up after {attempt} attempts (max_attempts {request.max_attempts}): "
+            f"{delivery.detail}",
+            OutboxStatus.DEAD,
+        )
+    delay = delivery.retry_after_s
+    if delay is None:
+        delay = backoff_s(attempt, config.backoff_base_s, config.backoff_cap_s, rand)
+    if delay >= claimed.deadline_left_s():
+        return failure(
+            claimed,
+            f"deadline of {request.deadline_s:g}s passes before attempt {attempt + 1}: "
+            f"{delivery.detail}",
+            OutboxStatus.DEAD,
+        )
+    return Outcome(
+        claimed,
+        EffectStatus.PENDING,
+        OutboxStatus.PENDING,
+        error=f"attempt {attempt} of {request.max_attempts}: {delivery.detail}",
+        retry_in_s=delay,
+    )
+
+
+async def _wait_any(timeout: float | None, *events: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+class Relay:
+    """Use as `async with Relay(url, destinations) as relay: await relay.run(stop)`."""
+
+    def __init__(
+        self, url: str, destinations: Mapping[str, str], config: RelayConfig | None = None
+    ) -> None:
+        self.url = url
+        self.destinations = dict(destinations)
+        self.config = config or RelayConfig()
+        #: Test signals: the listener is subscribed; the loop is waiting for work.
+        self.listening = asyncio.Event()
+        self.idle = asyncio.Event()
+        #: Outcomes this relay recorded (and still owned when it recorded them).
+        self.recorded = 0
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._claim_conn: AConn | None = None
+        self._record_conn: AConn | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._recorder: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Relay:
+        self._client = _http_client(self.config)
+        try:
+            self._claim_conn = await connect_async(self.url)
+            self._record_conn = await connect_async(self.url)
+        except BaseException:
+            await self._close_resources()
+            raise
+        self._recorder = asyncio.create_task(self._record_loop(), name="relay-recorder")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        grace = self.config.shutdown_grace_s
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=grace)
+            for task in late:
+                # Their effects stay `started`; the reconciler settles them after the lease.
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self._outcomes.join(), grace)
+        except TimeoutError:
+            log.warning(
+                "relay stopped with %d outcomes unrecorded; the reconciler will settle them",
+                self._outcomes.qsize(),
+            )
+        if self._recorder is not None:
+            self._recorder.cancel()
+            await asyncio.gather(self._recorder, return_exceptions=True)
+        await self._close_resources()
+
+    async def _close_resources(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+        for conn in (self._claim_conn, self._record_conn):
+            if conn is not None:
+                await conn.close()
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Deliver until `stop` is set."""
+        log.info("relay delivering to %s", ", ".join(sorted(self.destinations)) or "nowhere")
+        listener = asyncio.create_task(self._listen_loop(stop), name="relay-listener")
+        try:
+            while not stop.is_set():
+                self._slot_freed.clear()
+                try:
+                    claimed, limit = await self._fill()
+                    if limit == 0:
+                        await _wait_any(None, stop, self._slot_freed)
+                        continue
+                    if claimed == limit:
+                        continue  # a full batch: more may be due
+                    due_in = await outbox_next_due(self._conn())
+                except (psycopg.OperationalError, LedgerloopError) as exc:
+                    log.warning("relay lost its database connection: %s", exc)
+                    await _wait_any(self.config.reconnect_s, stop)
+                    await self._reconnect_claim()
+                    continue
+                if due_in is None:
+                    timeout = self.config.safety_poll_s
+                elif due_in <= 0:
+                    timeout = CONTENDED_WAIT_S
+                else:
+                    timeout = min(due_in, self.config.safety_poll_s)
+                self.idle.set()
+                await _wait_any(timeout, stop, self._wake)
+                self.idle.clear()
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+
+    async def drain(self, timeout_s: float = 30.0) -> int:
+        """Deliver everything pending, backoff retries included; return outcomes recorded.
+
+        For tests and one-shot use: it returns when no pending row is left.
+        """
+        start = self.recorded
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._slot_freed.clear()
+            claimed, limit = await self._fill()
+            if limit == 0:
+                await _wait_any(None, self._slot_freed)
+                continue
+            if claimed:
+                continue
+            if self._tasks:
+                await asyncio.gather(*self._tasks)
+            await self._outcomes.join()
+            due_in = await outbox_next_due(self._conn())
+            if due_in is None:
+                return self.recorded - start
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"outbox not drained within {timeout_s}s")
+            await asyncio.sleep(min(max(due_in, 0.0), left))
+
+    def _conn(self) -> AConn:
+        assert self._claim_conn is not None, "use the relay inside `async with`"
+        return self._claim_conn
+
+    async def _reconnect_claim(self) -> None:
+        if self._claim_conn is not None:
+            await self._claim_conn.close()
+        try:
+            self._claim_conn = await connect_async(self.url)
+        except LedgerloopError as exc:
+            log.warning("relay cannot reconnect yet: %s", exc)
+
+    async def _fill(self) -> tuple[int, int]:
+        """Claim as many due rows as there are free slots; returns (claimed, limit)."""
+        free = self.config.concurrency - len(self._tasks)
+        # While calls are in flight, wait for a quarter of the slots before claiming again:
+        # refilling one slot per finished call would cost a claim round trip per delivery.
+        if free <= 0 or (self._tasks and free < max(1, self.config.concurrency // 4)):
+            return 0, 0
+        limit = min(free, self.config.batch_size)
+        # Cleared before the claim: a notification that lands during it wakes the next wait.
+        self._wake.clear()
+        claimed = await outbox_claim(
+            self._conn(), limit=limit, lease_margin_s=self.config.lease_margin_s
+        )
+        for row in claimed:
+            task = asyncio.create_task(self._deliver(row))
+            self._tasks.add(task)
+            task.add_done_callback(self._task_done)
+        return len(claimed), limit
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slot_freed.set()
+
+    async def _listen_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                conn = await connect_async(self.url)
+                async with conn:
+                    await conn.execute("LISTEN ledgerloop_outbox")
+                    self.listening.set()
+                    # Rows inserted while nobody listened are due now.
+                    self._wake.set()
+                    async for _ in conn.notifies():
+                        self._wake.set()
+            except (psycopg.OperationalError, LedgerloopError) as exc:
+                self.listening.clear()
+                log.warning("relay listener on %s lost its connection: %s", CHANNEL, exc)
+                await _wait_any(self.config.reconnect_s, stop)
+
+    # -- one delivery ---------------------------------------------------------------------
+
+    async def _deliver(self, claimed: Claimed) -> None:
+        try:
+            outcome = await self._attempt(claimed)
+        except Exception:
+            # A bug must not take the relay down. The effect stays `started` and the
+            # reconciler settles it once the lease runs out.
+            log.exception("relay failed delivering %s", claimed.key)
+            return
+        self._outcomes.put_nowait(outcome)
+
+    async def _attempt(self, claimed: Claimed) -> Outcome:
+        try:
+            request = DeliveryRequest.from_json(claimed.request)
+        except InvalidDeliveryRequest as exc:
+            return failure(claimed, exc.message, OutboxStatus.DEAD)
+        base_url = self.destinations.get(claimed.destination)
+        if base_url is None:
+            known = ", ".join(sorted(self.destinations)) or "none"
+            return failure(
+                claimed,
+                f"unknown destination {claimed.destination!r}; this relay knows: {known}",
+                OutboxStatus.DEAD,
+            )
+        faults.hit("relay.before_send")
+        if claimed.key.endswith(COMPENSATION_SUFFIX):
+            faults.hit("relay.before_send_compensation")
+        assert self._client is not None
+        delivery = await send(self._client, base_url, claimed.key, request)
+        faults.hit("relay.after_send_before_record")
+        return decide(claimed, request, delivery, self.config)
+
+    # -- recording ------------------------------------------------------------------------
+
+    async def _record_loop(self) -> None:
+        while True:
+            batch = [await self._outcomes.get()]
+            while len(batch) < self.config.record_batch and not self._outcomes.empty():
+                batch.append(self._outcomes.get_nowait())
+            try:
+                await self._write(batch)
+            except Exception:
+                # Never let the recorder die: the relay would keep claiming and never record.
+                # These effects stay `started`; the reconciler settles them after the lease.
+                log.exception("relay could not record %d outcomes", len(batch))
+            finally:
+                for _ in batch:
+                    self._outcomes.task_done()
+            faults.hit("relay.after_record")
+
+    async def _write(self, batch: list[Outcome]) -> None:
+        """Record a batch, reconnecting as long as the database is away.
+
+        Re-running a batch is harmless: each row's update is guarded by the attempt it owns.
+        """
+        while True:
+            try:
+                assert self._record_conn is not None
+                owned = await outbox_record(self._record_conn, batch)
+            except psycopg.OperationalError as exc:
+                log.warning("relay cannot record outcomes yet: %s", exc)
+                await asyncio.sleep(self.config.reconnect_s)
+                await self._reconnect_record()
+                continue
+            except psycopg.Error:
+                if len(batch) == 1:
+                    log.exception("relay could not record %s; dropped", batch[0].claimed.key)
+                    return
+                # One bad row must not cost the others their outcome.
+                for outcome in batch:
+                    await self._write([outcome])
+                return
+            self.recorded += len(owned)
+            lost = len(batch) - len(owned)
+            if lost:
+                log.info("%d outcomes were settled by someone else first; dropped", lost)
+            return
+
+    async def _reconnect_record(self) -> None:
+        if self._record_conn is not None:
+            await self._record_conn.close()
+        try:
+            self._record_conn = await connect_async(self.url)
+        except LedgerloopError as exc:
+            log.warning("relay cannot reconnect yet: %s", exc)
+
+
+async def run_relay(
+    url: str,
+    destinations: Mapping[str, str],
+    *,
+    stop: asyncio.Event,
+    config: RelayConfig | None = None,
+) -> None:
+    """The relay as a service (`ledgerloop relay`, or a task inside `ledgerloop up`)."""
+    async with Relay(url, destinations, config) as relay:
+        await relay.run(stop)
+
+
+__all__ = ["Relay", "RelayConfig", "backoff_s", "decide", "run_relay"]

@@ -1,0 +1,111 @@
+"""Helpers for tests of code that writes effects (ours, and a user's own).
+
+- `workflow_row`: the DBOS workflow row a run's messages go to, without running DBOS.
+- `messages_for`: the effect messages sent to a run, as the workflow would receive them.
+- `drain_outbox`: deliver everything pending now, synchronously.
+- `RelayThread`: the relay service on a background thread, with its test signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ledgerloop.db.connect import Conn
+from ledgerloop.effects.relay import Relay, RelayConfig
+
+
+def workflow_row(conn: Conn, run_id: uuid.UUID) -> None:
+    """Create the (enqueued, never executed) DBOS workflow whose id is the run id."""
+    conn.execute(
+        "SELECT dbos.enqueue_workflow('ledgerloop_run', 'ledgerloop_runs', "
+        "ARRAY[to_json(%(id)s::text)], workflow_id => %(id)s)",
+        {"id": str(run_id)},
+    )
+
+
+def messages_for(conn: Conn, run_id: uuid.UUID, topic: str | None = None) -> list[dict[str, Any]]:
+    """Messages to the run's workflow, oldest first, decoded the way DBOS's recv decodes them.
+
+    Each item: `message_id`, `topic`, `message` (the decoded value) and `serialization`.
+    """
+    from dbos._serialization import DBOSPortableJSON, deserialize_value
+
+    rows = conn.execute(
+        "SELECT message_uuid, topic, message, serialization FROM dbos.notifications "
+        "WHERE destination_uuid = %(id)s AND (%(topic)s::text IS NULL OR topic = %(topic)s) "
+        "ORDER BY created_at_epoch_ms, message_uuid",
+        {"id": str(run_id), "topic": topic},
+    ).fetchall()
+    return [
+        {
+            "message_id": row["message_uuid"],
+            "topic": row["topic"],
+            "message": deserialize_value(row["message"], row["serialization"], DBOSPortableJSON),
+            "serialization": row["serialization"],
+        }
+        for row in rows
+    ]
+
+
+def drain_outbox(
+    url: str, destinations: Mapping[str, str], config: RelayConfig | None = None
+) -> int:
+    """Deliver every pending outbox row (retries included); returns outcomes recorded."""
+
+    async def go() -> int:
+        async with Relay(url, destinations, config) as relay:
+            return await relay.drain()
+
+    return asyncio.run(go())
+
+
+class RelayThread:
+    """`Relay.run` on its own event loop in a background thread."""
+
+    def __init__(
+        self, url: str, destinations: Mapping[str, str], config: RelayConfig | None = None
+    ) -> None:
+        self.relay = Relay(url, destinations, config)
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._thread = threading.Thread(target=self._main, name="relay", daemon=True)
+        self.error: BaseException | None = None
+
+    def _main(self) -> None:
+        async def go() -> None:
+            async with self.relay:
+                await self.relay.run(self._stop)
+
+        try:
+            self._loop.run_until_complete(go())
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self._loop.close()
+
+    def ready(self) -> bool:
+        """Listening and idle: a row inserted now is delivered only by a notification."""
+        return self.relay.listening.is_set() and self.relay.idle.is_set()
+
+    def start(self) -> RelayThread:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise RuntimeError(f"relay thread did not stop within {timeout}s")
+        if self.error is not None:
+            raise self.error
+
+    def __enter__(self) -> RelayThread:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

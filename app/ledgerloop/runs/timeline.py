@@ -1,0 +1,164 @@
+"""A run's timeline: its events, its workflow's steps, its effects and approvals, in time order.
+
+Events, effects and approvals are read on the caller's connection (inside `tenant_scope` only
+the tenant's own); steps come from DBOS through its client API (`list_workflow_steps`), never
+from DBOS's tables. Step outputs stay out: they hold model text and can be large. A step's
+error message is kept, cut to a readable length.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+from dbos import DBOSClient, DBOSPortableJSONSerializer, StepInfo
+
+from ledgerloop.approvals.store import Approval, approval_list
+from ledgerloop.db.connect import Conn
+from ledgerloop.db.errors import translated
+from ledgerloop.effects.ledger import Effect, effect_list
+from ledgerloop.runs.store import Run, RunEvent, run_events, run_require
+
+Kind = Literal["event", "step", "effect", "approval"]
+
+#: Tie-break for entries at the same instant: the event that explains a step comes first.
+_ORDER: dict[Kind, int] = {"event": 0, "approval": 1, "step": 2, "effect": 3}
+#: Everything a timeline shows of one run; a run with more is cut, and says so.
+MAX_ITEMS = 1000
+_MAX_ERROR_CHARS = 500
+
+
+class StepSource(Protocol):
+    """What the timeline needs of `dbos.DBOSClient` (or `DBOS`)."""
+
+    def list_workflow_steps(
+        self, workflow_id: str, *, load_output: bool = ..., limit: int | None = ...
+    ) -> list[StepInfo]: ...
+
+
+def dbos_client(database_url: str) -> DBOSClient:
+    """A DBOS client for reading steps; call `destroy()` when done."""
+    with translated(database_url, "connecting"):
+        # Portable JSON, as the workers write: nothing read back is ever unpickled.
+        return DBOSClient(
+            system_database_url=database_url,
+            serializer=DBOSPortableJSONSerializer(),
+            system_database_pool_size=2,
+        )
+
+
+@dataclass(frozen=True)
+class Entry:
+    at: datetime
+    kind: Kind
+    name: str
+    status: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "at": self.at.isoformat(),
+            "kind": self.kind,
+            "name": self.name,
+            "status": self.status,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class Timeline:
+    run: Run
+    entries: list[Entry]
+    truncated: bool
+
+
+def run_timeline(conn: Conn, run_id: uuid.UUID, *, steps: StepSource | None) -> Timeline:
+    """The run's timeline. Raises RunNotFound (also for a run the connection cannot see).
+
+    `steps=None` leaves the workflow's steps out (a caller with no DBOS access).
+    """
+    run = run_require(conn, run_id)
+    events = run_events(conn, run_id)[:MAX_ITEMS]
+    effects = effect_list(conn, run_id=run_id, limit=MAX_ITEMS)
+    approvals = approval_list(conn, run_id=run_id, limit=MAX_ITEMS)
+    infos = (
+        steps.list_workflow_steps(str(run_id), load_output=True, limit=MAX_ITEMS) if steps else []
+    )
+    entries = [
+        *(_event(e) for e in events),
+        *(_step(s) for s in infos),
+        *(_effect(e) for e in effects),
+        *(_approval(a) for a in approvals),
+    ]
+    entries.sort(key=lambda e: (e.at, _ORDER[e.kind]))
+    truncated = any(len(items) >= MAX_ITEMS for items in (events, infos, effects, approvals))
+    return Timeline(run, entries, truncated)
+
+
+def _event(event: RunEvent) -> Entry:
+    return Entry(
+        event.created_at,
+        "event",
+        event.event_type,
+        detail={"sequence": event.sequence, "payload": event.payload},
+    )
+
+
+def _ms(value: int | None) -> datetime | None:
+    return datetime.fromtimestamp(value / 1000, UTC) if value is not None else None
+
+
+def _step(info: StepInfo) -> Entry:
+    started = _ms(info["started_at_epoch_ms"])
+    completed = _ms(info["completed_at_epoch_ms"])
+    error = info["error"]
+    status = "failed" if error is not None else "completed" if completed else "running"
+    detail: dict[str, Any] = {
+        "function_id": info["function_id"],
+        "completed_at": completed.isoformat() if completed else None,
+    }
+    if error is not None:
+        detail["error"] = str(error)[:_MAX_ERROR_CHARS]
+    if info["child_workflow_id"]:
+        detail["child_workflow_id"] = info["child_workflow_id"]
+    # A step recorded without a start time (DBOS's own bookkeeping rows) sorts at its end.
+    at = started or completed or datetime.now(UTC)
+    return Entry(at, "step", info["function_name"], status, detail)
+
+
+def _effect(effect: Effect) -> Entry:
+    return Entry(
+        effect.created_at,
+        "effect",
+        effect.tool,
+        effect.status.value,
+        {
+            "key": effect.key,
+            "destination": effect.destination,
+            "attempts": effect.attempts,
+            "external_reference": effect.external_reference,
+            "error": effect.error,
+            "resolved_by": effect.resolved_by,
+            "updated_at": effect.updated_at.isoformat(),
+        },
+    )
+
+
+def _approval(approval: Approval) -> Entry:
+    return Entry(
+        approval.requested_at,
+        "approval",
+        approval.tool,
+        approval.status.value,
+        {
+            "id": str(approval.id),
+            "action_hash": approval.action_hash,
+            "summary": approval.preview.get("summary"),
+            "expires_at": approval.expires_at.isoformat() if approval.expires_at else None,
+            "decided_by": approval.decided_by_name,
+            "reason": approval.reason,
+            "decided_at": approval.decided_at.isoformat() if approval.decided_at else None,
+        },
+    )

@@ -1,0 +1,45 @@
+"""What steps need at run time (pool, model client, policy, settings), set once per process.
+
+DBOS calls workflow and step functions by name with JSON inputs, so they cannot be handed
+these objects; they read them from here. A worker installs the runtime before it launches
+DBOS and clears it on shutdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg_pool import ConnectionPool
+
+from ledgerloop.config import Settings
+from ledgerloop.db.connect import Conn
+from ledgerloop.errors import LedgerloopError
+from ledgerloop.models.client import ModelClient
+from ledgerloop.tools.policy import PolicyFile
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    database_url: str
+    pool: ConnectionPool[Conn]
+    model: ModelClient
+    policy: PolicyFile
+
+
+_runtime: Runtime | None = None
+
+
+class NoRuntime(LedgerloopError):
+    """No Ledgerloop worker runtime is installed in this process."""
+
+
+def install(runtime: Runtime | None) -> None:
+    global _runtime
+    _runtime = runtime
+
+
+def get_runtime() -> Runtime:
+    if _runtime is None:
+        raise NoRuntime(fix="start a worker (`ledgerloop up`) before running workflows")
+    return _runtime

@@ -1,0 +1,164 @@
+"""Install the OpenTelemetry SDK providers once per process, driven by the standard env vars.
+
+Without an OTLP endpoint and without ``console`` nothing is installed: the API's no-op providers
+are the cheapest telemetry there is, and a think step must stay close to a bare DBOS step.
+Each signal gets a provider only if it has somewhere to go.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry import _logs, metrics, trace
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import (
+    BatchLogRecordProcessor,
+    ConsoleLogRecordExporter,
+    SimpleLogRecordProcessor,
+)
+from opentelemetry.sdk.environment_variables import (
+    OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_LOGS_ENDPOINT,
+    OTEL_EXPORTER_OTLP_LOGS_PROTOCOL,
+    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+    OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
+    OTEL_EXPORTER_OTLP_PROTOCOL,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    OTEL_SDK_DISABLED,
+    OTEL_SERVICE_NAME,
+)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
+
+from ledgerloop.telemetry.spans import reset_default_telemetry
+
+_log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_configured = False
+
+HTTP_PROTOBUF = "http/protobuf"
+GRPC_PACKAGE = "opentelemetry-exporter-otlp-proto-grpc"
+
+
+@dataclass
+class Providers:
+    """What ``configure_telemetry`` would install; ``None`` means leave that signal no-op."""
+
+    tracer_provider: TracerProvider | None = None
+    meter_provider: MeterProvider | None = None
+    logger_provider: LoggerProvider | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def build_providers(
+    service_name: str, *, console: bool, environ: Mapping[str, str] | None = None
+) -> Providers:
+    """Build, but do not install, SDK providers from ``environ`` (default: the process env)."""
+    env = os.environ if environ is None else environ
+    out = Providers()
+    if env.get(OTEL_SDK_DISABLED, "").strip().lower() == "true":
+        return out
+    generic = bool(env.get(OTEL_EXPORTER_OTLP_ENDPOINT))
+
+    def wants(endpoint_var: str, protocol_var: str) -> bool:
+        if not (generic or env.get(endpoint_var)):
+            return False
+        protocol = (
+            env.get(protocol_var) or env.get(OTEL_EXPORTER_OTLP_PROTOCOL) or HTTP_PROTOBUF
+        ).strip()
+        if protocol == HTTP_PROTOBUF:
+            return True
+        if protocol == "grpc":
+            problem = (
+                f"OTLP over gRPC needs the {GRPC_PACKAGE} package, which Ledgerloop does not "
+                f"install; set {OTEL_EXPORTER_OTLP_PROTOCOL}={HTTP_PROTOBUF} (port 4318) instead"
+            )
+        else:
+            problem = (
+                f"OTLP protocol {protocol!r} is not supported; "
+                f"set {OTEL_EXPORTER_OTLP_PROTOCOL}={HTTP_PROTOBUF}"
+            )
+        problem += "; nothing is exported over it"
+        if problem not in out.problems:
+            out.problems.append(problem)
+        return False
+
+    # OTEL_SERVICE_NAME wins over our default, as in every other OTel SDK setup.
+    resource = Resource.create({SERVICE_NAME: env.get(OTEL_SERVICE_NAME) or service_name})
+    otlp_traces = wants(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+    if otlp_traces or console:
+        out.tracer_provider = TracerProvider(resource=resource)
+        if otlp_traces:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            # No arguments: the exporter reads endpoint, headers, timeout from the environment.
+            out.tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        if console:
+            out.tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    if wants(OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter())
+        out.meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    otlp_logs = wants(OTEL_EXPORTER_OTLP_LOGS_ENDPOINT, OTEL_EXPORTER_OTLP_LOGS_PROTOCOL)
+    if otlp_logs or console:
+        # Logs carry only the opt-in content events, so they are quiet unless asked for.
+        out.logger_provider = LoggerProvider(resource=resource)
+        if otlp_logs:
+            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+            out.logger_provider.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
+        if console:
+            out.logger_provider.add_log_record_processor(
+                SimpleLogRecordProcessor(ConsoleLogRecordExporter())
+            )
+    return out
+
+
+def configure_telemetry(service_name: str = "ledgerloop", *, console: bool = False) -> None:
+    """Install SDK providers from the standard ``OTEL_*`` variables; later calls do nothing.
+
+    OTLP goes over HTTP/protobuf when ``OTEL_EXPORTER_OTLP_ENDPOINT`` or a per-signal endpoint
+    is set; ``console`` adds span (and content-event) printing to stdout. Respects
+    ``OTEL_SDK_DISABLED`` and ``OTEL_SERVICE_NAME``. A provider someone else already installed
+    (e.g. ``opentelemetry-instrument``) is kept.
+    """
+    global _configured
+    with _lock:
+        if _configured:
+            return
+        _configured = True
+        providers = build_providers(service_name, console=console)
+        for problem in providers.problems:
+            _log.error("telemetry: %s", problem)
+        if providers.tracer_provider is not None:
+            if isinstance(trace.get_tracer_provider(), TracerProvider):
+                _log.info("telemetry: a TracerProvider is already installed; keeping it")
+                providers.tracer_provider.shutdown()
+            else:
+                trace.set_tracer_provider(providers.tracer_provider)
+        if providers.meter_provider is not None:
+            if isinstance(metrics.get_meter_provider(), MeterProvider):
+                providers.meter_provider.shutdown()
+            else:
+                metrics.set_meter_provider(providers.meter_provider)
+        if providers.logger_provider is not None:
+            if isinstance(_logs.get_logger_provider(), LoggerProvider):
+                providers.logger_provider.shutdown()
+            else:
+                _logs.set_logger_provider(providers.logger_provider)
+        # The default Telemetry goes through the API's proxies and would follow the new globals
+        # anyway; rebuilding it also re-reads the content switch.
+        reset_default_telemetry()
