@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dbos import DBOSClient
 
 from ledgerloop.config import Settings, load_settings
 from ledgerloop.db.connect import Conn, connect
@@ -16,6 +17,10 @@ from ledgerloop.models.scripted_server import ScriptedModelServer
 from ledgerloop.runs.states import TERMINAL
 from ledgerloop.runs.store import Run, run_require
 from ledgerloop.testing.postgres import DatabaseFactory, PostgresServer, postgres_server, wait_until
+
+# A separate project with its own pytest configuration; tests/e2e/test_user_project.py runs it
+# the way its owner would.
+collect_ignore = ["user_project"]
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +54,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
+def dbos_client(db_url: str) -> Iterator[DBOSClient]:
+    """DBOS's client on this test's database (for calls that need DBOS and no worker)."""
+    from ledgerloop.control.timeline import dbos_client as make_client
+
+    client = make_client(db_url)
+    yield client
+    client.destroy()
+
+
+@pytest.fixture
 def make_settings(db_url: str, tmp_path: Path) -> Callable[..., Settings]:
     """Settings for a worker on this test's database; keyword arguments override fields."""
 
@@ -56,8 +71,8 @@ def make_settings(db_url: str, tmp_path: Path) -> Callable[..., Settings]:
         base: dict[str, Any] = {
             "database_url": db_url,
             "home": tmp_path / ".ledgerloop",
-            "policy_file": REPO / "tool_policy.yaml",
-            "queue_poll_s": 0.02,
+            # Names every write tool of the test agents (a worker refuses unlisted ones).
+            "policy_file": REPO / "tests" / "support" / "policy.yaml",
         }
         return load_settings(**{**base, **overrides})
 
@@ -77,6 +92,17 @@ def scripted_model() -> Iterator[Callable[[str], ScriptedModelServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+#: One write_ticket turn of the ops agent, then the answer (the write-path tests' script).
+TICKET_SCRIPT = """
+default:
+  turns:
+    - tool_use:
+        name: write_ticket
+        input: {title: "db-1 disk full", body: "extend", priority: high}
+    - text: "Filed."
+"""
 
 
 def start_test_run(conn: Conn, agent: str, message: str, **input_extra: Any) -> uuid.UUID:

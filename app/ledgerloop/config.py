@@ -8,14 +8,17 @@ per process) cannot be forgotten by a caller.
 from __future__ import annotations
 
 import os
+import re
 import socket
+import tempfile
 import uuid
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import yaml
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -29,6 +32,33 @@ from ledgerloop.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = "dbos-config.yaml"
 DEFAULT_TENANT = uuid.UUID(int=0)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """`90s`, `15m`, `12h`, `30d`, `2w`, or a plain number of seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 15m, 12h, 30d or 2w")
+    return timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2) or "s"])
+
+
+def parse_cutoff(text: str, now: datetime | None = None) -> datetime:
+    """A point in time: an ISO 8601 timestamp (UTC unless it says otherwise), or a duration
+    meaning that long before `now`."""
+    try:
+        return (now or datetime.now(UTC)) - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a timestamp nor a duration; use e.g. 2026-01-31T00:00:00Z or 30d"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 class _YamlSource(PydanticBaseSettingsSource):
@@ -67,9 +97,11 @@ class Settings(BaseSettings):
     database_url: str | None = None
     home: Path = Path(".ledgerloop")
     app_name: str = "ledgerloop"
-    application_version: str = "ledgerloop-1"
+    application_version: str = "ledgerloop-2"
+    #: A new identity per process start: random, never derived from host name and pid (a
+    #: peer in another PID namespace can have the same host name and pid).
     executor_id: str = Field(
-        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        default_factory=lambda: f"{socket.gethostname()[:40]}-{uuid.uuid4().hex[:16]}"
     )
 
     # Model access: the standard Anthropic names, not LEDGERLOOP_ ones.
@@ -81,12 +113,21 @@ class Settings(BaseSettings):
     )
     model_cheap: str = "claude-haiku-4-5"
     model_strong: str = "claude-sonnet-4-6"
+    #: How long a sent model call may take; one that times out is never sent again.
+    model_timeout_s: float = Field(default=240.0, gt=0, le=3600)
+    #: Refused model calls (429, 529, connection refused) are tried this many times in all,
+    #: after the server's Retry-After, each wait capped at model_refusal_max_wait_s.
+    model_refusal_attempts: int = Field(default=5, ge=1, le=100)
+    model_refusal_max_wait_s: float = Field(default=60.0, ge=0, le=3600)
 
     # Budgets: constants counted per run, never requests in a prompt.
     max_iterations: int = Field(default=8, ge=1, le=1000)
     max_rejected_answers: int = Field(default=3, ge=0, le=100)
     run_deadline_s: float = Field(default=3600.0, gt=0)
     payload_offload_bytes: int = Field(default=64 * 1024, ge=1024)
+    #: How long a step keeps retrying a transient failure (the database restarting or failing
+    #: over, a dropped connection) before the run fails; the default outlasts a 60 s outage.
+    step_retry_budget_s: float = Field(default=120.0, ge=0, le=86400)
 
     policy_file: Path = Path("tool_policy.yaml")
     #: Named base URLs write tools deliver to; overrides the policy file's `destinations`.
@@ -101,9 +142,40 @@ class Settings(BaseSettings):
     effect_settle_after_s: float = Field(default=5.0, ge=0, le=3600)
     relay_lease_margin_s: float = Field(default=5.0, gt=0, le=3600)
 
+    #: Where sandboxes' working directories live (default: a directory of this user's under
+    #: the system's temporary directory); the reaper looks here for what dead workers left.
+    sandbox_root: Path | None = None
+    sandbox_reap_interval_s: float = Field(default=60.0, gt=0, le=86400)
+
+    #: The sweeper (control/sweeper.py): how often it looks for unfinished runs whose workflow
+    #: ended, vanished or outlived the run; how old a run must be to be judged; and how long
+    #: past its deadline a run with a live workflow gets to end itself.
+    sweep_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    sweep_min_age_s: float = Field(default=5.0, ge=0, le=3600)
+    sweep_deadline_grace_s: float = Field(default=60.0, ge=0, le=86400)
+    #: How long `ledgerloop up` and `ledgerloop relay` wait for an unreachable database at
+    #: start-up (a failover, a database starting beside them) before giving up; 0: no wait.
+    startup_wait_s: float = Field(default=300.0, ge=0, le=86400)
+
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
-    queue_poll_s: float = Field(default=0.05, gt=0, le=5)
+    #: How often a worker writes its heartbeat, and after how long without one (by the
+    #: database's clock) peers take its runs over. A worker killed outright is taken over
+    #: sooner: once its database session is gone and its lease (the larger of 2.5 heartbeats
+    #: and a quarter of stale_after_s) has run out. See docs/operations.md.
+    heartbeat_s: float = Field(default=0.5, ge=0.05, le=60)
+    stale_after_s: float = Field(default=5.0, ge=0.2, le=3600)
+    #: Runs a worker claims at a time when woken; small batches spread a burst over workers.
+    dispatch_batch: int = Field(default=8, ge=1, le=1000)
+    #: How often a worker looks for queued runs without being notified (the fallback).
+    dispatch_fallback_s: float = Field(default=10.0, gt=0, le=300)
+    #: Connections to the database per worker: DBOS's pool and Ledgerloop's own pool.
+    #: A worker holds at most dbos_pool_size + pool_size + 3 (heartbeat, dispatch, DBOS's
+    #: listener), plus the relay's and the HTTP server's when `ledgerloop up` runs them.
+    dbos_pool_size: int = Field(default=12, ge=2, le=500)
+    #: A stopping worker lets step bodies under way finish for up to this long.
+    drain_s: float = Field(default=10.0, ge=0, le=600)
+    pool_size: int = Field(default=8, ge=2, le=500)
     #: DBOS's thread pool (its database I/O and our store calls run there). DBOS leaves it
     #: unbounded; a bound keeps thousands of concurrent runs from becoming thousands of threads.
     worker_threads: int = Field(default=16, ge=2, le=512)
@@ -113,6 +185,19 @@ class Settings(BaseSettings):
     #: Runs one worker executes at once; the rest wait on the queue. A hibernated run frees
     #: its place, so this bounds a worker's memory, not how many runs may wait.
     worker_concurrency: int = Field(default=1000, ge=1, le=100_000)
+    #: How often a worker cancels, through DBOS, the workflows of cancelled runs whose
+    #: requester did not (it died after committing, or cancelled inside its own transaction);
+    #: a request is left this long to its requester first.
+    cancel_sweep_s: float = Field(default=2.0, gt=0, le=3600)
+
+    # Retention, done continuously by `ledgerloop up` when set (durations: 30d, 12h...).
+    #: Finished runs older than this lose their journal and messages; their audit history
+    #: (run, events, approvals, effects) stays.
+    purge_journals_after: timedelta | None = None
+    #: Finished runs older than this are deleted whole, from both schemas.
+    purge_runs_after: timedelta | None = None
+    #: How often a worker looks for runs to purge (one worker of the fleet at a time does).
+    purge_interval_s: float = Field(default=300.0, gt=0, le=86400)
 
     @field_validator("app_name")
     @classmethod
@@ -121,6 +206,36 @@ class Settings(BaseSettings):
         allowed = set("abcdefghijklmnopqrstuvwxyz0123456789-_")
         if not 3 <= len(value) <= 256 or not set(value) <= allowed:
             raise ValueError("must be 3-256 characters of lowercase letters, digits, '-' or '_'")
+        return value
+
+    @model_validator(mode="after")
+    def _timings(self) -> Settings:
+        # The lease must run out before any peer may take this worker over (fleet.fence).
+        if self.stale_after_s < 4 * self.heartbeat_s:
+            raise ValueError(
+                f"stale_after_s ({self.stale_after_s}) must be at least 4 heartbeats "
+                f"(heartbeat_s {self.heartbeat_s})"
+            )
+        return self
+
+    @field_validator("purge_journals_after", "purge_runs_after", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            return parse_duration(value)
+        return value
+
+    @field_validator("purge_runs_after")
+    @classmethod
+    def _runs_outlive_journals(cls, value: timedelta | None, info: Any) -> timedelta | None:
+        journals = info.data.get("purge_journals_after")
+        if value is not None and journals is not None and value < journals:
+            raise ValueError(
+                "must not be shorter than LEDGERLOOP_PURGE_JOURNALS_AFTER (a run is deleted "
+                "whole after its journal)"
+            )
         return value
 
     @field_validator("agent_modules", mode="before")
@@ -145,6 +260,14 @@ class Settings(BaseSettings):
     def pgdata(self) -> Path:
         return self.home / "pgdata"
 
+    @cached_property
+    def sandboxes(self) -> Path:
+        if self.sandbox_root is not None:
+            return self.sandbox_root
+        # Not under the project: a sandbox's own uid must be able to reach its directory,
+        # and a home directory is usually closed to others.
+        return Path(tempfile.gettempdir()) / f"ledgerloop-sandboxes-{os.geteuid()}"
+
     def dbos_config(self, database_url: str) -> dict[str, Any]:
         """The DBOSConfig for this process (a TypedDict at runtime, so a plain dict here)."""
         from dbos import DBOSPortableJSONSerializer
@@ -160,6 +283,10 @@ class Settings(BaseSettings):
             # Migrations run under `ledgerloop db upgrade`, with its lock; workers only verify.
             "run_migrations": False,
             "max_executor_threads": self.worker_threads,
+            "sys_db_pool_size": self.dbos_pool_size,
+            # No ping on every checkout (a statement per step): a connection broken by a
+            # database restart fails once and SQLAlchemy then replaces the whole pool.
+            "db_engine_kwargs": {"pool_pre_ping": False},
             "log_level": os.environ.get("LEDGERLOOP_DBOS_LOG_LEVEL", "WARNING"),
         }
 

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from ledgerloop.agent.definition import EXAMPLE_AGENT_MODULE
 from ledgerloop.config import Settings
 from ledgerloop.db.connect import connect
 from ledgerloop.db.migrate import upgrade
@@ -55,6 +56,10 @@ def run_demo(settings: Settings, url: str, say: Callable[[str], None]) -> Run:
     tickets.start()
     say(f"ticket service at {tickets.url}")
     overrides["destinations"] = {**settings.destinations, "tickets": tickets.url}
+    # The demo runs the example agent, which a worker loads only when asked to.
+    overrides["agent_modules"] = tuple(
+        dict.fromkeys((EXAMPLE_AGENT_MODULE, *settings.agent_modules))
+    )
     settings = settings.model_copy(update=overrides)
     options = WorkerOptions(services=build_services(settings, http=False, relay=True))
     try:

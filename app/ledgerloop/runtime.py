@@ -14,6 +14,7 @@ from psycopg_pool import ConnectionPool
 from ledgerloop.config import Settings
 from ledgerloop.db.connect import Conn
 from ledgerloop.errors import LedgerloopError
+from ledgerloop.fleet.fence import Fence
 from ledgerloop.models.client import ModelClient
 from ledgerloop.tools.policy import PolicyFile
 
@@ -25,6 +26,8 @@ class Runtime:
     pool: ConnectionPool[Conn]
     model: ModelClient
     policy: PolicyFile
+    #: The worker's fence: step bodies start only while it holds (None: no fleet, e.g. tools).
+    fence: Fence | None = None
 
 
 _runtime: Runtime | None = None

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ledgerloop.config import Settings
 from ledgerloop.runtime import Runtime
 
+log = logging.getLogger(__name__)
+
 Service = Callable[[Runtime, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 def build_services(settings: Settings, *, http: bool, relay: bool) -> list[Service]:
-    services: list[Service] = []
+    # Every worker sweeps: settling is a versioned transition, so runs are settled once; a
+    # cancel request is taken by one worker (SKIP LOCKED).
+    services: list[Service] = [sweeper_service, cancel_sweep_service]
     if http:
         # Imported only when serving: a worker started with --no-http never loads FastAPI.
         from ledgerloop.http.server import serve_http
@@ -21,12 +27,16 @@ def build_services(settings: Settings, *, http: bool, relay: bool) -> list[Servi
         services.append(serve_http)
     if relay:
         services += [relay_service, reconciler_service]
+    if settings.purge_journals_after is not None or settings.purge_runs_after is not None:
+        from ledgerloop.retention.service import purge_service
+
+        services.append(purge_service)
     return services
 
 
 def destinations(runtime: Runtime) -> dict[str, str]:
     """Where write tools deliver: the policy file's map, overridden by the settings'."""
-    return {**runtime.policy.destinations, **runtime.settings.destinations}
+    return {**runtime.policy.destination_urls(), **runtime.settings.destinations}
 
 
 async def relay_service(runtime: Runtime, stop: asyncio.Event) -> None:
@@ -36,7 +46,13 @@ async def relay_service(runtime: Runtime, stop: asyncio.Event) -> None:
         lease_margin_s=runtime.settings.relay_lease_margin_s,
         settle_after_s=runtime.settings.effect_settle_after_s,
     )
-    await run_relay(runtime.database_url, destinations(runtime), stop=stop, config=config)
+    await run_relay(
+        runtime.database_url,
+        destinations(runtime),
+        stop=stop,
+        config=config,
+        mcp_servers=runtime.policy.mcp_servers,
+    )
 
 
 async def reconciler_service(runtime: Runtime, stop: asyncio.Event) -> None:
@@ -47,4 +63,42 @@ async def reconciler_service(runtime: Runtime, stop: asyncio.Event) -> None:
         destinations(runtime),
         stop=stop,
         interval_s=runtime.settings.reconcile_interval_s,
+        mcp_servers=runtime.policy.mcp_servers,
     )
+
+
+async def cancel_sweep_service(runtime: Runtime, stop: asyncio.Event) -> None:
+    """Cancel, through DBOS, the workflows of cancelled runs whose requester did not."""
+    from dbos import DBOS
+
+    from ledgerloop.control.cancel import cancel_requests_settle
+
+    interval = runtime.settings.cancel_sweep_s
+
+    def sweep() -> int:
+        with runtime.pool.connection() as conn:
+            return cancel_requests_settle(conn, DBOS, settle_s=interval)
+
+    while not stop.is_set():
+        try:
+            settled = await asyncio.to_thread(sweep)
+            if settled:
+                log.info("cancelled the workflows of %d cancelled runs", settled)
+        except Exception:
+            log.exception("cancel sweep failed")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
+async def sweeper_service(runtime: Runtime, stop: asyncio.Event) -> None:
+    from ledgerloop.agent.write_steps import compensations_begin
+    from ledgerloop.control.sweeper import SweepConfig, run_sweeper
+
+    settings = runtime.settings
+    config = SweepConfig(
+        interval_s=settings.sweep_interval_s,
+        min_age_s=settings.sweep_min_age_s,
+        deadline_grace_s=settings.sweep_deadline_grace_s,
+        run_deadline_s=settings.run_deadline_s,
+    )
+    await run_sweeper(runtime.pool, config, stop, compensations_begin)

@@ -1,23 +1,36 @@
-"""A worker process: DBOS with the agent workflow, heartbeats and recovery (and, when asked,
-the relay, the reconciler and the HTTP API). `ledgerloop up` runs one."""
+"""A worker process: DBOS with the agent workflow, its heartbeat and takeovers, dispatch (and,
+when asked, the relay, the reconciler and the HTTP API). `ledgerloop up` runs one.
+
+Start: register (before DBOS launches, so the row can never look dead), launch DBOS with its
+own queue thread off Ledgerloop's queue, start the heartbeat and the dispatcher. Stop (SIGTERM,
+SIGINT): stop claiming, let step bodies under way finish (up to drain_s), stop DBOS, then hand
+the runs still in flight back to the queue and remove the row, in one transaction.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ledgerloop.agent.definition import agents, load_agent_modules
+from ledgerloop.agent.definition import Agent, agents, agents_from, load_agent_modules
 from ledgerloop.config import Settings
 from ledgerloop.db.connect import make_pool
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.errors import ConfigError
+from ledgerloop.fleet import dbos_internals
+from ledgerloop.fleet.dispatch import Dispatcher
+from ledgerloop.fleet.fence import Fence
+from ledgerloop.fleet.heartbeat import FleetTimings, Heartbeat
 from ledgerloop.models.client import make_model_client
-from ledgerloop.recovery import executor_register, executor_unregister, heartbeat_and_recover
 from ledgerloop.runtime import Runtime, install
-from ledgerloop.tools.policy import PolicyFile, load_policy
+from ledgerloop.sandbox import require_backend
+from ledgerloop.tools.policy import SANDBOX_FIELDS, PolicyFile, load_policy
+from ledgerloop.tools.policy_check import argument_problems
+from ledgerloop.tools.registry import Tool, ToolKind
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +44,111 @@ class WorkerOptions:
     )
 
 
-def check_policy_tools(policy: PolicyFile) -> None:
-    """A policy entry for a tool no agent has is almost always a typo: refuse it."""
-    known = {tool.name for agent in agents().values() for tool in agent.tools}
+def check_policy_tools(
+    policy: PolicyFile,
+    modules: tuple[str, ...] = (),
+    *,
+    policy_file: object = "tool_policy.yaml",
+    registered: Mapping[str, Agent] | None = None,
+) -> None:
+    """Fail closed: every write tool needs its rules written down (whether a person approves
+    it is a decision, never a default), and an entry for a tool no agent has is almost always
+    a typo, so both refuse to start the worker.
+
+    `registered`: the agents to check (default: those this worker's `modules` register). An
+    agent that some other import registered in the same process is not this worker's to
+    refuse; if it ever runs here, an unlisted write tool of it needs an approval
+    (PolicyFile.for_write_tool), so it stays closed."""
+    own = (
+        {agent.name: agent for agent in agents_from(modules)} if registered is None else registered
+    )
+    registered = agents() if registered is None else registered
+    writes = {
+        tool.name: agent.name
+        for agent in own.values()
+        for tool in agent.tools
+        if tool.kind is ToolKind.WRITE
+    }
+    missing = policy.missing_write_tools(writes)
+    if missing:
+        named = ", ".join(f"{name} (agent {writes[name]})" for name in missing)
+        raise ConfigError(
+            f"{policy_file} has no entry for the write tool(s) {named}",
+            fix=(
+                f"add each under `tools:` in {policy_file}, saying at least whether it "
+                "requires_approval (see docs/policy.md)"
+            ),
+        )
+    tools = {tool.name: tool for agent in registered.values() for tool in agent.tools}
+    wrong = argument_problems(
+        policy, [tool for agent in own.values() for tool in agent.tools], policy_file
+    )
+    if wrong:
+        raise ConfigError(
+            "; ".join(wrong),
+            fix="name the tool's arguments as its input model does (see docs/policy.md)",
+        )
+    check_mcp_servers(policy, modules)
+    # MCP tools are known by their declaration (the server lists them only at run time).
+    declared = {
+        name
+        for server in policy.mcp_servers.values()
+        for name in (*server.read_tools, *server.write_tools)
+    }
+    known = set(tools) | declared
     unknown = sorted(set(policy.tools) - known)
     if unknown:
         raise ConfigError(
-            f"tool_policy.yaml names tools no agent has: {', '.join(unknown)}",
-            fix=f"known tools: {', '.join(sorted(known)) or 'none'}",
+            f"{policy_file} names tools no agent has: {', '.join(unknown)}",
+            fix=f"known tools: {', '.join(sorted(known)) or 'none'}; an example agent's tools "
+            "need its module in LEDGERLOOP_AGENT_MODULES",
         )
+    check_sandbox_tools(policy, tools)
+
+
+def check_mcp_servers(policy: PolicyFile, modules: tuple[str, ...]) -> None:
+    """Every MCP server an agent of this worker's modules names is configured; lookup tools
+    are declared reads."""
+    for agent in agents_from(modules):
+        for name in agent.mcp_servers:
+            if name not in policy.mcp_servers:
+                known = ", ".join(sorted(policy.mcp_servers)) or "none"
+                raise ConfigError(
+                    f"agent {agent.name} uses MCP server {name!r}, which tool_policy.yaml "
+                    f"does not configure (configured: {known})",
+                    fix=f"add mcp_servers.{name} (transport, command or url) to the policy",
+                )
+    for server_name, server in policy.mcp_servers.items():
+        for tool, write in server.write_tools.items():
+            if write.lookup_tool and write.lookup_tool not in server.read_tools:
+                raise ConfigError(
+                    f"mcp_servers.{server_name}.write_tools.{tool}.lookup_tool "
+                    f"{write.lookup_tool!r} is not one of the server's read_tools",
+                    fix="list the lookup tool under read_tools (it must not change anything)",
+                )
+
+
+def check_sandbox_tools(policy: PolicyFile, tools: dict[str, Tool]) -> None:
+    """Sandbox fields on other tools would be ignored: refuse them. A sandbox tool's backend
+    must run here: refuse to start (with what to install) rather than fail its first call."""
+    for name, tool in sorted(tools.items()):
+        rules = policy.for_tool(name)
+        if tool.kind is not ToolKind.SANDBOX:
+            stray = sorted(SANDBOX_FIELDS & rules.model_fields_set)
+            if stray:
+                raise ConfigError(
+                    f"tool_policy.yaml: tools.{name}: {', '.join(stray)} apply to sandbox "
+                    f"tools only, and {name} is a {tool.kind} tool",
+                    fix="remove them, or make the tool a sandbox tool (@sandbox_tool)",
+                )
+            continue
+        require_backend(rules.sandbox_backend)
+        for target, source in rules.files_in.items():
+            if not Path(source).is_file():
+                raise ConfigError(
+                    f"tool_policy.yaml: tools.{name}.files_in.{target}: {source} is not a file",
+                    fix="list host files the worker can read",
+                )
 
 
 def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Runtime:
@@ -48,12 +157,20 @@ def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Run
 
     load_agent_modules(settings.agent_modules)
     policy = load_policy(settings.policy_file)
-    check_policy_tools(policy)
+    check_policy_tools(policy, settings.agent_modules, policy_file=settings.policy_file)
     model = make_model_client(settings)
     ensure_current(url)
     configure_telemetry(console=trace_console)
-    pool = make_pool(url, min_size=2, max_size=20, name="ledgerloop-worker")
-    return Runtime(settings=settings, database_url=url, pool=pool, model=model, policy=policy)
+    pool = make_pool(url, min_size=2, max_size=settings.pool_size, name="ledgerloop-worker")
+    timings = FleetTimings(settings.heartbeat_s, settings.stale_after_s)
+    return Runtime(
+        settings=settings,
+        database_url=url,
+        pool=pool,
+        model=model,
+        policy=policy,
+        fence=Fence(timings.lease_s),
+    )
 
 
 async def run_worker(
@@ -65,7 +182,11 @@ async def run_worker(
 ) -> None:
     from dbos import DBOS
 
+    # Both register their workflows with DBOS, which must know them before it launches (a
+    # child episode is resumed on its own, in whichever worker takes it over).
+    from ledgerloop.agent import episodes  # noqa: F401
     from ledgerloop.agent.loop import QUEUE_NAME
+    from ledgerloop.agent.sandbox_reaper import reap_sandboxes, sandbox_reaper
 
     options = options or WorkerOptions()
     runtime = prepare(settings, url, trace_console=options.trace_console)
@@ -80,25 +201,37 @@ async def run_worker(
             failures.append(task.exception())  # type: ignore[arg-type]
             stop.set()
 
+    assert runtime.fence is not None
+    timings = FleetTimings(settings.heartbeat_s, settings.stale_after_s)
+    heartbeat = Heartbeat(
+        url, settings.executor_id, settings.application_version, timings, runtime.fence
+    )
+    dispatcher: Dispatcher | None = None
+    launched = False
     try:
-        # Register before launching: a row that exists can never look like a dead executor
-        # that had no chance to heartbeat.
-        with runtime.pool.connection() as conn:
-            executor_register(conn, settings.executor_id, settings.application_version)
+        heartbeat.register()
+        # Before DBOS recovers anything: a resumed command must not race its old container.
+        await reap_sandboxes(runtime)
         DBOS(config=settings.dbos_config(url))  # type: ignore[arg-type]
+        # DBOS's queue thread leaves Ledgerloop's queue alone: the dispatcher claims from it.
+        DBOS.listen_queues([])
+        dbos_internals.slow_background_jobs(settings.dispatch_fallback_s)
         DBOS.launch()
-        await DBOS.register_queue_async(
-            QUEUE_NAME,
-            polling_interval_sec=settings.queue_poll_s,
-            worker_concurrency=settings.worker_concurrency,
+        launched = True
+        queue = await DBOS.register_queue_async(
+            QUEUE_NAME, worker_concurrency=settings.worker_concurrency
         )
-        tasks.append(
-            asyncio.create_task(
-                heartbeat_and_recover(
-                    runtime.pool, settings.executor_id, settings.application_version, stop
-                )
-            )
+        dbos_internals.slow_internal_queue(settings.dispatch_fallback_s)
+        heartbeat.start()
+        dispatcher = Dispatcher(
+            url,
+            queue,
+            runtime.fence,
+            batch=settings.dispatch_batch,
+            fallback_s=settings.dispatch_fallback_s,
         )
+        dispatcher.start()
+        tasks.append(asyncio.create_task(sandbox_reaper(runtime, stop)))
         for service in options.services:
             tasks.append(asyncio.create_task(service(runtime, stop)))
         for task in tasks:
@@ -108,20 +241,62 @@ async def run_worker(
         await stop.wait()
     finally:
         stop.set()
+        if dispatcher is not None:
+            dispatcher.stop()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await _drain(runtime, settings.drain_s)
+        heartbeat.stop()
+        destroyed = False
         try:
-            DBOS.destroy(destroy_registry=False)
-        except Exception:
+            if launched:
+                DBOS.destroy(destroy_registry=False)
+            destroyed = True
+        except Exception as exc:
             # Its runs may still be executing: keep the executor row, so that once this
-            # process is gone a survivor recovers them as it would after a crash.
-            log.exception("DBOS.destroy failed")
-        else:
-            with runtime.pool.connection() as conn:
-                executor_unregister(conn, settings.executor_id)
+            # process is gone a survivor takes them over as it would after a crash.
+            log.warning("stopping DBOS failed (%s); peers will take this worker's runs over", exc)
+        runtime.fence.release()
+        if destroyed:
+            try:
+                handed = heartbeat.unregister()
+                log.info("stopped; %d runs in flight went back on the queue", handed)
+            except Exception as exc:
+                log.warning("could not hand runs back (%s); peers will take them over", exc)
         await runtime.model.client.close()
         runtime.pool.close()
         install(None)
     if failures:
         raise failures[0]
+
+
+async def _drain(runtime: Runtime, timeout_s: float) -> None:
+    """Stop between steps: no new step body starts, the ones under way finish (bounded),
+    then every execution here ends (cancelled where it waits). Nothing is recorded for a
+    step that did not run; the runs go back on the queue when the row is removed."""
+    fence = runtime.fence
+    if fence is None:
+        return
+    fence.close()
+    executing = len(fence.executions)
+    if executing:
+        log.info(
+            "stopping: %d runs executing here; letting step bodies under way finish", executing
+        )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while fence.active and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    if fence.active:
+        log.info(
+            "%d step bodies still running after %.0f s; they will run again elsewhere",
+            fence.active,
+            timeout_s,
+        )
+    tasks = list(fence.executions)
+    dbos_internals.quiet_cancellations()
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=5)

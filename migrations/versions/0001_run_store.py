@@ -11,8 +11,8 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-# Kept equal to ledgerloop.runs.states.RunStatus; tests/integration/test_schema.py checks they
-# agree.
+# Kept equal to ledgerloop.runs.states.RunStatus; tests/integration/test_schema.py checks
+# that they agree.
 STATUSES = (
     "received",
     "planning",

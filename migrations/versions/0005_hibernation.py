@@ -15,9 +15,8 @@ depends_on = None
 def upgrade() -> None:
     # A trigger on DBOS's message table, so every sender (a decision, an effect's outcome, an
     # operator's resolve, DBOS.send itself) wakes the run in its own transaction. It locks the
-    # workflow row before looking at it, as the park does
-    # (app/ledgerloop/agent/hibernation.sql): either the park sees this message and
-    # re-enqueues, or this sees the parked row and wakes it.
+    # workflow row before looking at it, as the park does (agent/hibernation.sql): either
+    # the park sees this message and re-enqueues, or this sees the parked row and wakes it.
     # Only Ledgerloop's runs: other DELAYED workflows (a user's delayed or debounced ones)
     # keep their delay. SECURITY DEFINER: senders need no rights on dbos.workflow_status.
     op.execute(

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ledgerloop.agent.definition import EXAMPLE_AGENT_MODULE
 from ledgerloop.config import Settings, load_settings
 from ledgerloop.models.script import Script, parse_script
 from ledgerloop.models.scripted_server import ScriptedModelServer
@@ -46,8 +47,8 @@ def settings_for(url: str, model_url: str, **overrides: Any) -> Settings:
         "database_url": url,
         "anthropic_base_url": model_url,
         "policy_file": REPO / "tool_policy.yaml",
+        "agent_modules": (EXAMPLE_AGENT_MODULE,),
         "home": REPO / ".ledgerloop",
-        "queue_poll_s": 0.02,
     }
     return load_settings(**{**base, **overrides})
 

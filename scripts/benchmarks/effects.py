@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from dbos import DBOS
 
-from ledgerloop.agent import act_write
+from ledgerloop.agent import write_steps
 from ledgerloop.db.connect import connect
 from ledgerloop.effects.ledger import effect_begin
 from ledgerloop.effects.messages import DeliveryRequest
@@ -101,10 +101,11 @@ async def bench_act(run_id: str, tenant: str, n: int) -> None:
         name = f"tool-{i}-{call['id']}"
         recorded = await DBOS.run_step_async(
             {"name": name},
-            act_write.record_effect,
+            write_steps.record_effect,
             run_id,
             tenant,
             name,
+            "ops",
             "write_ticket",
             call,
             None,

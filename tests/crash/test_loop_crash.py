@@ -13,7 +13,8 @@ import pytest
 
 from ledgerloop.db.connect import Conn
 from ledgerloop.runs.states import RunStatus
-from ledgerloop.testing.processes import worker_env, worker_process
+from ledgerloop.testing.postgres import wait_until
+from ledgerloop.testing.processes import REPO, worker_env, worker_process
 from tests.conftest import start_test_run, wait_terminal
 
 pytestmark = pytest.mark.crash
@@ -36,6 +37,7 @@ def test_killed_worker_resumes_without_repeating_paid_or_completed_steps(
         db_url,
         ANTHROPIC_BASE_URL=model.url,
         LEDGERLOOP_AGENT_MODULES="tests.support.agents",
+        LEDGERLOOP_POLICY_FILE=str(REPO / "tests" / "support" / "policy.yaml"),
         LEDGERLOOP_TEST_TOOL_LOG=str(tool_log),
     )
     with worker_process({**env, "LEDGERLOOP_FAULTS": fault}, log=tmp_path / "w1.log") as first:
@@ -52,3 +54,57 @@ def test_killed_worker_resumes_without_repeating_paid_or_completed_steps(
     # Each turn was paid for exactly once, and the resumed run saw the same history.
     assert [r["turn"] for r in model.requests()] == [0, 1]
     assert len(tool_log.read_text().splitlines()) == 1
+
+
+def test_killed_after_the_answer_saved_resumes_to_the_saved_answer_once(
+    conn: Conn, db_url: str, scripted_model: Any, tmp_path: Path
+) -> None:
+    """The answer's think step saves the run's end itself (no memory-save step). Killed after
+    that commit, before the step's checkpoint: the run is succeeded in our schema while its
+    workflow is not; the resumed workflow asks the model again (the step was not recorded),
+    finds the save already made, and ends with the saved answer, stored once."""
+    model = scripted_model(SCRIPT)
+    tool_log = tmp_path / "tools.log"
+    env = worker_env(
+        db_url,
+        ANTHROPIC_BASE_URL=model.url,
+        LEDGERLOOP_AGENT_MODULES="tests.support.agents",
+        LEDGERLOOP_POLICY_FILE=str(REPO / "tests" / "support" / "policy.yaml"),
+        LEDGERLOOP_TEST_TOOL_LOG=str(tool_log),
+    )
+    fault = {**env, "LEDGERLOOP_FAULTS": "loop.after_answer_saved"}
+    with worker_process(fault, log=tmp_path / "w1.log") as first:
+        run_id = start_test_run(conn, "looper", "please echo")
+        assert first.wait(timeout=60) == -9, (tmp_path / "w1.log").read_text()
+
+    def workflow() -> dict[str, Any] | None:
+        return conn.execute(
+            "SELECT status, output FROM dbos.workflow_status WHERE workflow_uuid = %s",
+            (str(run_id),),
+        ).fetchone()
+
+    before = workflow()
+    assert before is not None
+    assert before["status"] != "SUCCESS"
+    with worker_process(env, log=tmp_path / "w2.log"):
+        wait_until(lambda: (workflow() or {}).get("status") == "SUCCESS", timeout=60)
+    run = wait_terminal(conn, run_id, timeout=5)
+    assert run.status is RunStatus.SUCCEEDED
+    assert run.state["answer"] == "finished"
+    output = conn.execute(
+        "SELECT output FROM dbos.workflow_output WHERE workflow_uuid = %s", (str(run_id),)
+    ).fetchone()
+    assert output is not None
+    assert '"answer":"finished"' in output["output"].replace(" ", "")
+    assert [r["turn"] for r in model.requests()] == [0, 1, 1]
+    assert len(tool_log.read_text().splitlines()) == 1
+    events = conn.execute(
+        "SELECT event_type FROM ledgerloop.agent_run_event WHERE run_id = %s ORDER BY sequence",
+        (run_id,),
+    ).fetchall()
+    assert [e["event_type"] for e in events] == ["received", "planning", "succeeded"]
+    roles = conn.execute(
+        "SELECT role FROM ledgerloop.conversation_message WHERE run_id = %s ORDER BY sequence",
+        (run_id,),
+    ).fetchall()
+    assert [r["role"] for r in roles] == ["user", "assistant", "user", "assistant"]

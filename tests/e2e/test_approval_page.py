@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from dbos import DBOSClient
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
 from ledgerloop.approvals.store import ApprovalStatus, approval_get
+from ledgerloop.control.cancel import cancel_run
 from ledgerloop.db.connect import Conn
-from ledgerloop.runs.cancel import cancel_run
 from tests.e2e.conftest import MakeToken, ServerThread, run_awaiting_approval
 
 pytestmark = pytest.mark.e2e
@@ -78,7 +79,12 @@ def test_an_approver_approves_from_the_page(page: Page, conn: Conn, make_token: 
     card = page.locator(f'li.approval[data-approval-id="{approval.id}"]')
     expect(card.locator(".summary")).to_have_text("Open ticket Disk full on db-1")
     expect(card.locator(".tool")).to_have_text("write_ticket")
-    expect(card.locator(".lines li")).to_have_text(["title: Disk full on db-1", "priority: high"])
+    # Each argument in its own row, its value as JSON in its own box.
+    expect(card.locator(".arguments th")).to_have_text(["title", "priority"])
+    expect(card.locator(".arguments code.argument-value")).to_have_text(
+        ['"Disk full on db-1"', '"high"']
+    )
+    expect(card.locator(".lines")).to_be_hidden()
     expect(card.locator(".note")).to_contain_text("api_key")
     expect(card.locator(".hash")).to_have_text(approval.action_hash)
     expires = card.locator(".expires")
@@ -116,7 +122,9 @@ def test_a_bad_token_is_shown_plainly(page: Page) -> None:
     assert page.evaluate("sessionStorage.getItem('ledgerloop.token')") is None
 
 
-def test_refusals_are_shown_verbatim(page: Page, conn: Conn, make_token: MakeToken) -> None:
+def test_refusals_are_shown_verbatim(
+    page: Page, conn: Conn, make_token: MakeToken, dbos_client: DBOSClient
+) -> None:
     approval = run_awaiting_approval(conn)
     sign_in(page, make_token("viewer", name="vic@example.com"))
     card = page.locator(f'li.approval[data-approval-id="{approval.id}"]')
@@ -133,7 +141,20 @@ def test_refusals_are_shown_verbatim(page: Page, conn: Conn, make_token: MakeTok
     # The page lists the approval again before anyone cancels: signing in reloads the list,
     # and a reload after the cancel would (rightly) no longer show it.
     expect(card.locator(".reject")).to_be_visible()
-    cancel_run(conn, approval.run_id, requested_by="test")  # meanwhile, someone cancels
+    # Meanwhile, someone cancels.
+    cancel_run(conn, approval.run_id, workflows=dbos_client, requested_by="test")
     card.locator(".reject").click()
     expect(page.locator("#error")).to_contain_text("409 approval_conflict: approval")
     expect(page.locator("#error")).to_contain_text("is cancelled; it can no longer be decided")
+
+
+def test_a_bidi_override_is_shown_escaped_on_the_page(
+    page: Page, conn: Conn, make_token: MakeToken
+) -> None:
+    arguments = {"title": "invoice_\u202efdp.exe", "priority": "low" + "\n" * 30 + "high"}
+    approval = run_awaiting_approval(conn, arguments=arguments)
+    sign_in(page, make_token("approver"))
+    card = page.locator(f'li.approval[data-approval-id="{approval.id}"]')
+    values = card.locator(".arguments code.argument-value")
+    expect(values).to_have_text(['"invoice_\\u202efdp.exe"', '"low' + "\\n" * 30 + 'high"'])
+    assert "\u202e" not in page.content()

@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from ledgerloop.approvals.principals import principal_revoke
+from ledgerloop.control.timeline import dbos_client
 from ledgerloop.db.connect import Conn
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_events, run_require
-from ledgerloop.runs.timeline import dbos_client
 from tests.e2e.conftest import (
     TENANT_B,
     MakeToken,

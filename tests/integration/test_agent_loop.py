@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from psycopg.types.json import Jsonb
 
+from ledgerloop.config import DEFAULT_TENANT
 from ledgerloop.db.connect import Conn
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_events
@@ -73,19 +76,23 @@ def test_two_turn_run_with_a_read_tool(conn: Conn, scripted_model: Any, worker: 
     assert not results[0]["is_error"]
     steps = _steps(conn, run_id)
     call_id = requests[1]["request"]["messages"][1]["content"][0]["id"]
-    assert steps == [
-        "memory-load",
-        "think-0",
-        f"tool-0-{call_id}",
-        "memory-save-0",
-        "think-1",
-        "memory-save-1",
-    ]
-    events = [e.event_type for e in run_events(conn, run_id)]
-    assert events == ["received", "planning", "executing", "tool_results", "succeeded"]
+    # A read-tool turn is its think and its tool step: its messages reach memory with the
+    # final save, and a read tool leaves the run's status alone. The answer's think step
+    # makes that save (recorded under memory-save-1): no step of its own.
+    assert steps == ["memory-load", "think-0", f"tool-0-{call_id}", "think-1"]
+    events = run_events(conn, run_id)
+    assert [e.event_type for e in events] == ["received", "planning", "succeeded"]
+    step_of = conn.execute(
+        "SELECT step FROM ledgerloop.agent_run_event WHERE run_id = %s AND sequence = 2",
+        (run_id,),
+    ).fetchone()
+    assert step_of is not None
+    assert step_of["step"] == "memory-save-1"
+    assert events[-1].payload == {"answer": run.state["answer"], "turns": 2, "empty_turns": 0}
     # The conversation is in our schema, in order, the model's tool_use blocks included.
     rows = conn.execute(
-        "SELECT role, turn FROM ledgerloop.agent_message WHERE run_id = %s ORDER BY sequence",
+        "SELECT role, turn FROM ledgerloop.conversation_message WHERE run_id = %s "
+        "ORDER BY sequence",
         (run_id,),
     ).fetchall()
     assert [(r["role"], r["turn"]) for r in rows] == [
@@ -198,6 +205,35 @@ def test_rejected_answers_are_fed_back_and_capped(
     assert run.state["answer"] == "clear pg_wal backups"
     second = model.requests()[1]["request"]["messages"][-1]
     assert "rejected: the answer must name pg_wal" in second["content"]
+    # Each rejection is in the history, although the run stayed in planning.
+    rejections = [e for e in run_events(conn, run.id) if e.event_type == "answer_rejected"]
+    assert [e.payload["reason"] for e in rejections] == ["the answer must name pg_wal"] * 2
+
+
+def test_read_tools_leave_the_run_status_alone(
+    conn: Conn, scripted_model: Any, worker: Any
+) -> None:
+    model = scripted_model(
+        """
+        default:
+          turns:
+            - tool_use:
+                - {name: echo, input: {text: one}}
+                - {name: echo, input: {text: two}}
+            - text: done
+        """
+    )
+    worker(model.url)
+    run = wait_terminal(conn, start_test_run(conn, "looper", "two calls"))
+    assert run.status is RunStatus.SUCCEEDED
+    # Both calls ran (their results reached the model), and neither wrote to the run.
+    results = _tool_results(model.requests()[1])
+    assert [r["content"] for r in results] == ["echo: one", "echo: two"]
+    assert [e.event_type for e in run_events(conn, run.id)] == [
+        "received",
+        "planning",
+        "succeeded",
+    ]
 
 
 def test_rejected_answer_budget_exhausted_fails(
@@ -301,3 +337,70 @@ def test_a_second_run_in_a_conversation_loads_its_memory(
     assert [m["role"] for m in seen] == ["user", "assistant", "user"]
     assert seen[0]["content"] == "opening question"
     assert seen[1]["content"][0]["text"] == "first answer"
+
+
+def test_history_saved_a_message_a_row_by_the_previous_release_is_read_with_new_saves(
+    conn: Conn, scripted_model: Any, worker: Any
+) -> None:
+    """Migration 0017 is additive: rows an older worker wrote in agent_message (a message a
+    row) are history too, in order with the one-row-per-save batches of this release."""
+    # A request's turn is the number of assistant messages in it, history included.
+    model = scripted_model("default: {turns: [{text: x}, {text: second}, {text: third}]}")
+    worker(model.url)
+    older = uuid.uuid4()
+    one = Jsonb([{"type": "text", "text": "one"}])
+    conn.execute(
+        "INSERT INTO ledgerloop.agent_message "
+        "(run_id, tenant_id, conversation_id, sequence, turn, role, content, created_at) "
+        "VALUES (%s, %s, 'c-old', 0, 0, 'user', %s, now() - interval '1h'),"
+        "       (%s, %s, 'c-old', 1, 0, 'assistant', %s, now() - interval '1h')",
+        (older, DEFAULT_TENANT, Jsonb("first question"), older, DEFAULT_TENANT, one),
+    )
+    first = start_test_run(conn, "looper", "second question", conversation_id="c-old")
+    assert wait_terminal(conn, first).status is RunStatus.SUCCEEDED
+    second = start_test_run(conn, "looper", "third question", conversation_id="c-old")
+    assert wait_terminal(conn, second).status is RunStatus.SUCCEEDED
+    seen = model.requests()[-1]["request"]["messages"]
+    assert [m["content"] if m["role"] == "user" else m["content"][0]["text"] for m in seen] == [
+        "first question",
+        "one",
+        "second question",
+        "second",
+        "third question",
+    ]
+    rows = conn.execute(
+        "SELECT run_id, sequence, turn, role FROM ledgerloop.conversation_message "
+        "WHERE conversation_id = 'c-old' ORDER BY created_at, run_id, sequence"
+    ).fetchall()
+    assert [(r["sequence"], r["turn"], r["role"]) for r in rows] == [
+        (0, 0, "user"),
+        (1, 0, "assistant"),
+        (0, 0, "user"),
+        (1, 0, "assistant"),
+        (0, 0, "user"),
+        (1, 0, "assistant"),
+    ]
+
+
+def test_an_agent_turns_its_input_into_the_first_message(
+    conn: Conn, scripted_model: Any, worker: Any
+) -> None:
+    from ledgerloop.runs.start import start_run
+
+    model = scripted_model("default:\n  turns:\n    - text: 'Disk ticket, high.'\n")
+    worker(model.url)
+    run_id = start_run(
+        conn,
+        agent="ticket_reader",
+        input={"ticket_id": 7, "priority": "high", "summary": "db-1 disk full"},
+    )
+    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    [request] = model.requests()
+    first = request["request"]["messages"][0]
+    assert first == {"role": "user", "content": "Ticket 7 (high): db-1 disk full"}
+    stored = conn.execute(
+        "SELECT content FROM ledgerloop.conversation_message WHERE run_id = %s AND sequence = 0",
+        (run_id,),
+    ).fetchone()
+    assert stored is not None
+    assert stored["content"] == "Ticket 7 (high): db-1 disk full"

@@ -113,3 +113,31 @@ def test_stored_preview_holds_no_secret(conn: Conn) -> None:
     row = conn.execute("SELECT preview::text AS p FROM ledgerloop.approval").fetchone()
     assert row is not None
     assert "sk-live-999" not in row["p"]
+
+
+def test_bidi_controls_and_padded_newlines_are_neutralised() -> None:
+    # A right-to-left override makes "invoice_exe.pdf" read otherwise; padded newlines push the
+    # rest of a value out of view, or fake a second argument.
+    args = {
+        "file": "invoice_\u202efdp.exe",
+        "note": "ok" + "\n" * 40 + "amount: 1000000",
+        "amount": 10,
+        "z\u200bw": "zero\u2066width",
+    }
+    preview = render_preview("pay", args, {"summary": "Pay {amount} for {file}"})
+    text = json.dumps(preview, ensure_ascii=False)
+    for char in ("\u202e", "\u200b", "\u2066", "\n"):
+        assert char not in text
+    assert "invoice_\\u202efdp.exe" in preview["summary"]
+    assert "note: ok\\n\\n" in "\n".join(preview["lines"])
+    # Each argument on its own, its value as JSON: it begins and ends at its quotes.
+    assert preview["arguments"][0] == {"name": "file", "value": '"invoice_\\u202efdp.exe"'}
+    assert preview["arguments"][2] == {"name": "amount", "value": "10"}
+    assert preview["arguments"][3]["name"] == "z\\u200bw"
+    assert [a["name"] for a in preview["arguments"]] == ["file", "note", "amount", "z\\u200bw"]
+
+
+def test_plain_text_is_left_alone() -> None:
+    preview = render_preview("note", {"text": "Ünïcödé — fine, «quoted» 東京"})
+    assert preview["lines"] == ["text: Ünïcödé — fine, «quoted» 東京"]
+    assert preview["arguments"] == [{"name": "text", "value": '"Ünïcödé — fine, «quoted» 東京"'}]

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from dbos import DBOSClient
 
 from ledgerloop.config import DEFAULT_TENANT
 from ledgerloop.db.connect import Conn, tenant_scope
@@ -374,9 +375,11 @@ def test_an_operator_in_a_tenant_scope_resolves_and_the_workflow_hears(conn: Con
     assert sent["message"]["external_reference"] == "T-7"
 
 
-def test_cancelling_a_run_closes_its_undelivered_effects_only(conn: Conn) -> None:
+def test_cancelling_a_run_closes_its_undelivered_effects_only(
+    conn: Conn, dbos_client: DBOSClient
+) -> None:
+    from ledgerloop.control.cancel import cancel_run
     from ledgerloop.effects.ledger import effect_require
-    from ledgerloop.runs.cancel import cancel_run
     from ledgerloop.runs.states import RunStatus
     from ledgerloop.runs.store import run_require, run_transition
 
@@ -388,7 +391,7 @@ def test_cancelling_a_run_closes_its_undelivered_effects_only(conn: Conn) -> Non
         "UPDATE ledgerloop.outbox SET status = 'claimed' WHERE idempotency_key = %s",
         (in_flight.key,),
     )
-    cancel_run(conn, run_id, requested_by="test")
+    cancel_run(conn, run_id, workflows=dbos_client, requested_by="test")
     closed = effect_require(conn, waiting.key)
     assert closed.status is EffectStatus.FAILED
     assert closed.error == "run cancelled before delivery"

@@ -219,6 +219,7 @@ def test_plain_kind_needs_a_human_with_the_evidence(
     parked = get(conn, effect)
     assert parked.status == EffectStatus.NEEDS_HUMAN
     assert "neither honours idempotency keys nor offers a lookup" in (parked.error or "")
+    assert f"destinations.{effect.destination} in the policy file" in (parked.error or "")
     assert parked.evidence is not None
     evidence = parked.evidence["reconciler"]
     assert "RemoteProtocolError" in evidence["last_error"]
@@ -230,8 +231,13 @@ def test_plain_kind_needs_a_human_with_the_evidence(
     assert message["message"]["error"] == parked.error
 
     # A person may not ask for an automatic retry here...
-    with pytest.raises(RetryUnsafe, match="no automatic retry where the policy says it is unsafe"):
+    with pytest.raises(
+        RetryUnsafe, match="no automatic retry where the policy says it is unsafe"
+    ) as refused:
         effect_resolve(conn, effect.key, retry=True, operator="ops@example.com")
+    # ...and is told where the destination's behaviour is declared.
+    assert f"destinations.{effect.destination} entry" in refused.value.message
+    assert "docs/policy.md" in (refused.value.fix or "")
     # ...but may say what they found.
     resolved = effect_resolve(
         conn, effect.key, succeeded_ref="TCK-000001", operator="ops@example.com"

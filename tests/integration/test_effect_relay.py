@@ -269,7 +269,10 @@ def test_unknown_destination_fails_naming_the_known_ones(
 
     done = settled(conn, effect)
     assert done.status == EffectStatus.FAILED
-    assert done.error == "unknown destination 'billing'; this relay knows: tickets"
+    assert done.error == (
+        "unknown destination 'billing'; this relay knows: tickets "
+        "(destinations: in the policy file, or LEDGERLOOP_DESTINATIONS)"
+    )
     assert outbox(conn, effect.key)["status"] == OutboxStatus.DEAD
     assert statuses(conn, effect) == ["failed"]
 

@@ -17,16 +17,18 @@ from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.trace import StatusCode
+from dbos import DBOS
+from opentelemetry.trace import SpanKind, StatusCode
 
 from ledgerloop.approvals.principals import principal_create
 from ledgerloop.approvals.store import approval_decide, approval_list
+from ledgerloop.control.cancel import cancel_run
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.ledger import effect_list
 from ledgerloop.examples.ticket_service import TicketServiceThread
-from ledgerloop.runs.cancel import cancel_run
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.telemetry.content import CaptureMode
+from ledgerloop.telemetry.runtrace import root_span_id
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.processes import start_relay, stop_worker, worker_env
 from ledgerloop.testing.worker import WorkerThread
@@ -115,7 +117,7 @@ def test_a_waiting_run_hibernates_and_its_approval_wakes_it(
     assert expires_at is not None
     assert abs(wf["delay_until_epoch_ms"] / 1000 - expires_at.timestamp()) < 2
     assert wf["queue_name"] == "ledgerloop_runs"
-    assert wf["recovery_attempts"] <= 1
+    assert wf["recovery_attempts"] == 0  # counted at its dispatch, given back by the park
     assert len(waiting.model.requests()) == 1
 
     approval_decide(
@@ -168,7 +170,7 @@ def test_cancelling_a_hibernated_run_stops_it_for_good(
     conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
 ) -> None:
     waiting = _hibernated_ticket_run(conn, scripted_model, worker)
-    cancelled = cancel_run(conn, waiting.run_id, requested_by="test")
+    cancelled = cancel_run(conn, waiting.run_id, workflows=DBOS, requested_by="test")
     assert cancelled.workflow_cancelled
     assert _workflow(conn, waiting.run_id)["status"] == "CANCELLED"
     with pytest.raises(Exception, match="cancelled"):
@@ -265,23 +267,105 @@ def captured() -> Iterator[Captured]:
     yield from capture_telemetry(CaptureMode.NO_CONTENT)
 
 
-def test_a_hibernated_execution_ends_its_span_cleanly_and_the_next_links_to_it(
-    conn: Conn, scripted_model: Any, worker: Any, captured: Captured
+def test_a_hibernated_run_is_one_trace_with_its_approval_wait_and_delivery(
+    conn: Conn,
+    scripted_model: Any,
+    worker: Any,
+    captured: Captured,
+    tickets: TicketServiceThread,
 ) -> None:
     waiting = _hibernated_ticket_run(conn, scripted_model, worker)
     approval_decide(
         conn, approval_id=waiting.approval.id, principal=waiting.approver, decision="approve"
     )
     assert wait_terminal(conn, waiting.run_id).status is RunStatus.SUCCEEDED
-    runs = [
-        s
-        for s in captured.by_kind("invoke_agent")
-        if s.attributes and s.attributes.get("ledgerloop.run.id") == str(waiting.run_id)
-    ]
-    first, second = sorted(runs, key=lambda s: s.start_time or 0)
+    spans = [s for s in captured.spans.get_finished_spans() if s.context is not None]
+    trace_id = waiting.run_id.int
+    # Everything of the run is in the trace whose id is the run id, under one root.
+    mine = [s for s in spans if s.context.trace_id == trace_id]
+    (root,) = [s for s in mine if s.parent is None]
+    assert root.name == "invoke_agent ops"
+    assert root.context.span_id == root_span_id(trace_id)
+    ids = {s.context.span_id for s in mine}
+    assert all(s.parent.span_id in ids for s in mine if s.parent is not None)
+    assert len(ids) == len(mine)  # no span twice
+    executions = sorted(
+        (s for s in mine if s.name == "execution ops"), key=lambda s: s.start_time or 0
+    )
+    first, second = executions
+    assert all(
+        s.parent is not None and s.parent.span_id == root.context.span_id for s in executions
+    )
     assert first.attributes is not None
     assert first.attributes.get("ledgerloop.run.hibernated") is True
+    assert first.attributes.get("ledgerloop.execution.end") == "hibernated"
     assert first.status.status_code is not StatusCode.ERROR
     assert second.attributes is not None
-    assert "ledgerloop.run.hibernated" not in second.attributes
-    assert [link.context.span_id for link in second.links] == [first.context.span_id]
+    assert second.attributes.get("ledgerloop.execution.resumed") is True
+    assert second.attributes.get("ledgerloop.execution.end") == "completed"
+    # The wait for the person is a span of its own, spanning the hibernation.
+    (wait,) = [s for s in mine if s.name == "await_approval write_ticket"]
+    wait_attrs = dict(wait.attributes or {})
+    assert wait_attrs["ledgerloop.approval.id"] == str(waiting.approval.id)
+    assert wait_attrs["ledgerloop.approval.decision"] == "approved"
+    assert wait_attrs["ledgerloop.wait.duration_s"] > 0
+    assert wait.start_time is not None
+    assert first.end_time is not None
+    assert wait.start_time <= first.end_time
+    # The write ran in the second execution, with the approval on it; the relay's delivery
+    # is a CLIENT span in the same trace, linked to it.
+    (tool,) = [s for s in mine if s.name == "execute_tool write_ticket"]
+    assert tool.parent is not None
+    assert tool.parent.span_id == second.context.span_id
+    assert dict(tool.attributes or {})["ledgerloop.approval.id"] == str(waiting.approval.id)
+    (post,) = [s for s in mine if s.name == "POST"]
+    assert post.kind is SpanKind.CLIENT
+    assert [link.context.span_id for link in post.links] == [tool.context.span_id]
+    assert dict(post.attributes or {})["ledgerloop.effect.status"] == "succeeded"
+    # The ticket service received that span's context.
+    (sent,) = httpx.get(f"{tickets.url}/_traceparents").json()
+    assert sent == f"00-{trace_id:032x}-{post.context.span_id:016x}-01"
+
+
+def test_a_stopped_workers_execution_ends_its_own_span_and_is_not_rebuilt(
+    conn: Conn,
+    scripted_model: Any,
+    worker: Any,
+    captured: Captured,
+    tickets: TicketServiceThread,
+) -> None:
+    model = scripted_model(_ticket_script("write_ticket"))
+    first = worker(model.url, hibernate_after_s=0)
+    approver, _ = principal_create(conn, name="alice", roles=["approver"])
+    run_id = start_test_run(conn, "ops", "db-1 disk is full")
+    approval = _pending_approval(conn, run_id)
+
+    def waiting() -> bool:
+        # The recv records its timeout (DBOS.sleep) before it waits: the run is in its wait.
+        row = conn.execute(
+            "SELECT count(*) AS n FROM dbos.operation_outputs "
+            "WHERE workflow_uuid = %s AND function_name = 'DBOS.sleep'",
+            (str(run_id),),
+        ).fetchone()
+        return row is not None and row["n"] > 0
+
+    wait_until(waiting, timeout=20)
+    first.stop()  # a clean stop: the execution ends its span, and the stop records it
+    worker(model.url)
+    approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
+    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    mine = [
+        s
+        for s in captured.spans.get_finished_spans()
+        if s.context is not None and s.context.trace_id == run_id.int
+    ]
+    ids = [s.context.span_id for s in mine]
+    assert len(ids) == len(set(ids))  # the stopped execution was not emitted a second time
+    assert [s.name for s in mine if s.parent is None] == ["invoke_agent ops"]
+    assert all(s.parent.span_id in set(ids) for s in mine if s.parent is not None)
+    stopped, resumed = sorted(
+        (s for s in mine if s.name == "execution ops"), key=lambda s: s.start_time or 0
+    )
+    assert dict(stopped.attributes or {})["ledgerloop.execution.end"] == "stopped"
+    assert stopped.status.status_code is not StatusCode.ERROR
+    assert dict(resumed.attributes or {})["ledgerloop.execution.resumed"] is True

@@ -17,6 +17,8 @@ from ledgerloop.testing.postgres import DatabaseFactory
 
 def _cli(*args: str, url: str | None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGERLOOP_", "ANTHROPIC_"))}
+    # The shipped tool_policy.yaml is the example agent's: a worker loads it when asked.
+    env["LEDGERLOOP_AGENT_MODULES"] = "ledgerloop.examples.ops_agent"
     if url is not None:
         env["LEDGERLOOP_DATABASE_URL"] = url
     return subprocess.run(
@@ -153,6 +155,7 @@ def test_up_refuses_an_outdated_schema_naming_the_fix(empty_db: str) -> None:
         {
             "LEDGERLOOP_DATABASE_URL": empty_db,
             "ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
+            "LEDGERLOOP_AGENT_MODULES": "ledgerloop.examples.ops_agent",
         }
     )
     result = subprocess.run(

@@ -15,6 +15,7 @@ from ledgerloop.runs.store import (
     RunNotFound,
     StaleRun,
     run_create,
+    run_ensure_status,
     run_events,
     run_get,
     run_list,
@@ -184,3 +185,30 @@ def test_random_event_sequences_never_leave_the_table(conn: Conn, targets: list[
     events = run_events(conn, run.id)
     assert final.version == applied == len(events) - 1
     assert [e.sequence for e in events] == list(range(applied + 1))
+
+
+def test_same_state_event_is_recorded_once_per_step(conn: Conn) -> None:
+    run, _ = run_create(conn, agent="ops", input={})
+    planning = run_transition(conn, run, S.PLANNING, "planning", step="memory-load").run
+    rejected = run_transition(
+        conn, planning, S.PLANNING, "answer_rejected", {"reason": "r"}, step="memory-save-0"
+    )
+    assert rejected.outcome is Outcome.APPLIED
+    assert rejected.run.status is S.PLANNING
+    assert rejected.run.version == planning.version + 1
+    # The step runs again after a crash: its event is found, nothing is written.
+    again = run_transition(
+        conn, planning, S.PLANNING, "answer_rejected", {"reason": "r"}, step="memory-save-0"
+    )
+    assert again.outcome is Outcome.DUPLICATE
+    # The next step's identical event is a new observable decision.
+    next_round = run_ensure_status(
+        conn, run.id, S.PLANNING, "answer_rejected", {"reason": "r"}, step="memory-save-1"
+    )
+    assert next_round.version == rejected.run.version + 1
+    assert [e.event_type for e in run_events(conn, run.id)] == [
+        "received",
+        "planning",
+        "answer_rejected",
+        "answer_rejected",
+    ]

@@ -306,6 +306,7 @@ def test_the_log_file_has_one_json_line_per_request_and_no_api_key(tmp_path: Pat
         "x-api-key": False,
         "authorization": False,
         "anthropic-version": None,
+        "traceparent": None,
     }
     assert records[0]["request"]["messages"][0]["content"] == "rate limited"
     assert all(isinstance(r["at"], float) for r in records)

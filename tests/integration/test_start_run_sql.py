@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from dbos import DBOSClient
 
 from ledgerloop.config import DEFAULT_TENANT
 from ledgerloop.db.connect import Conn, connect, tenant_scope
-from ledgerloop.runs.start import InvalidRunInput, start_run
+from ledgerloop.runs.start import InvalidRunInput, UnknownRole, grant_start_run, start_run
 from ledgerloop.runs.store import run_create, run_events, run_get, run_list
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sql_start_run.md"
@@ -241,9 +242,11 @@ def test_commit_notifies_workers_and_rollback_does_not(conn: Conn, db_url: str) 
             start_run(conn, agent="ops", input={})
             raise psycopg.Rollback
         committed = start_run(conn, agent="ops", input={})
-        got = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+        got = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
     # Notifications are delivered in commit order: the rolled-back run's never arrives first.
-    assert got == [str(committed)]
+    # The committed transaction sends two: the queue's trigger (empty payload, migration
+    # 0016, for every run queued) and start_run's own with the run's id.
+    assert got == ["", str(committed)]
 
 
 def _doc_example(name: str) -> list[str]:
@@ -278,3 +281,60 @@ def test_doc_trigger_starts_one_run_per_row_and_rolls_back_with_the_insert(
         assert len(run_list(conn, agent="order_triage")) == 5
         raise psycopg.Rollback
     assert _counts(conn) == (3, 3, 3, 3)
+
+
+# -- an application role: `ledgerloop db grant ROLE` ------------------------------------------
+
+
+@pytest.fixture
+def app_role(conn: Conn) -> Iterator[str]:
+    """A fresh non-superuser role, dropped (with its grants) after the test."""
+    role = f"ll_app_{uuid.uuid4().hex[:8]}"
+    conn.execute(f'CREATE ROLE "{role}" NOSUPERUSER NOLOGIN')  # type: ignore[arg-type]
+    yield role
+    conn.execute(f'DROP OWNED BY "{role}"')  # type: ignore[arg-type]
+    conn.execute(f'DROP ROLE "{role}"')  # type: ignore[arg-type]
+
+
+def test_a_granted_application_role_starts_runs_in_its_own_transaction(
+    conn: Conn, db_url: str, app_role: str
+) -> None:
+    tenant = uuid.UUID("00000000-0000-0000-0000-0000000000a1")
+    grant_start_run(conn, app_role)
+    grant_start_run(conn, app_role)  # idempotent
+    conn.execute("CREATE TABLE public.tickets (id int PRIMARY KEY)")
+    conn.execute(f'GRANT INSERT ON public.tickets TO "{app_role}"')  # type: ignore[arg-type]
+    with connect(db_url) as app:  # not autocommit: the role's own transaction
+        app.execute(f'SET ROLE "{app_role}"')  # type: ignore[arg-type]
+        app.execute("INSERT INTO public.tickets VALUES (1)")
+        run_id = start_run(
+            app, agent="ops", input={"ticket": 1}, idempotency_key="t:1", tenant_id=tenant
+        )
+        assert (
+            start_run(
+                app, agent="ops", input={"ticket": 1}, idempotency_key="t:1", tenant_id=tenant
+            )
+            == run_id
+        )
+        app.commit()
+        app.execute("INSERT INTO public.tickets VALUES (2)")
+        start_run(app, agent="ops", input={"ticket": 2}, tenant_id=tenant)
+        app.rollback()  # neither the ticket nor its run
+        # The grant lets it enqueue and nothing else on schema dbos: no messages to runs.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute(
+                "SELECT dbos.send_message(%s, '{}'::json, 'approval:x', 'm-1')", (str(run_id),)
+            )
+        app.rollback()
+    run = run_get(conn, run_id)
+    assert run is not None
+    assert run.tenant_id == tenant
+    assert [e.event_type for e in run_events(conn, run_id)] == ["received"]
+    assert _workflow(conn, run_id) is not None
+    row = conn.execute("SELECT count(*) AS n FROM ledgerloop.agent_run").fetchone()
+    assert row == {"n": 1}
+
+
+def test_granting_an_unknown_role_names_it(conn: Conn) -> None:
+    with pytest.raises(UnknownRole, match="no role nobody_here"):
+        grant_start_run(conn, "nobody_here")

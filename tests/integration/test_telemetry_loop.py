@@ -6,14 +6,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
+from ledgerloop.config import DEFAULT_TENANT
 from ledgerloop.db.connect import Conn
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.telemetry.content import CaptureMode
+from ledgerloop.telemetry.runtrace import root_span_id
 from ledgerloop.testing.worker import WorkerThread
 from tests.conftest import start_test_run, wait_terminal
 from tests.support.telemetry import Captured, capture_telemetry
+
+DEFAULT_TENANT_ID = str(DEFAULT_TENANT)
 
 SCRIPT = """
 default:
@@ -47,17 +51,36 @@ def test_two_turn_run_is_one_tree(
     model = scripted_model(SCRIPT)
     run_id = _run(conn, make_settings, db_url, model)
     (agent,) = captured.by_kind("invoke_agent")
+    (execution,) = captured.by_kind("execution")
     chats = captured.by_kind("chat")
     (tool,) = captured.by_kind("execute_tool")
     assert agent.name == "invoke_agent ops"
     assert agent.kind is SpanKind.INTERNAL
+    # The run's root: trace id = the run id, span id derived from it, no parent, emitted
+    # whole when the run ended (from the run's creation), with the agent known at its start.
+    assert agent.parent is None
+    assert agent.context.trace_id == run_id.int
+    assert agent.context.span_id == root_span_id(run_id.int)
+    assert agent.status.status_code is StatusCode.UNSET
+    root_attrs = dict(agent.attributes or {})
+    assert root_attrs["gen_ai.agent.name"] == "ops"
+    assert root_attrs["gen_ai.conversation.id"] == str(run_id)
+    assert root_attrs["ledgerloop.tenant.id"] == DEFAULT_TENANT_ID
+    assert root_attrs["ledgerloop.run.status"] == "succeeded"
+    assert agent.start_time is not None
+    assert execution.start_time is not None
+    assert agent.start_time <= execution.start_time
+    assert execution.name == "execution ops"
+    assert execution.parent is not None
+    assert execution.parent.span_id == agent.context.span_id
+    assert dict(execution.attributes or {})["ledgerloop.execution.end"] == "completed"
     assert len(chats) == 2
     assert all(c.kind is SpanKind.CLIENT for c in chats)
     assert tool.name == "execute_tool search_kb"
     assert tool.kind is SpanKind.INTERNAL
     for child in [*chats, tool]:
         assert child.parent is not None
-        assert child.parent.span_id == agent.context.span_id
+        assert child.parent.span_id == execution.context.span_id
         assert child.context.trace_id == agent.context.trace_id
     attrs = dict(chats[0].attributes or {})
     assert attrs["gen_ai.operation.name"] == "chat"
@@ -71,12 +94,16 @@ def test_two_turn_run_is_one_tree(
     assert attrs["server.port"] == model.port
     assert attrs["ledgerloop.run.id"] == str(run_id)
     assert attrs["ledgerloop.step.name"] == "think-0"
+    assert attrs["gen_ai.conversation.id"] == str(run_id)
+    assert attrs["ledgerloop.tenant.id"] == DEFAULT_TENANT_ID
     tool_attrs = dict(tool.attributes or {})
     call_id = model.requests()[1]["request"]["messages"][1]["content"][0]["id"]
     assert tool_attrs["gen_ai.tool.name"] == "search_kb"
     assert tool_attrs["gen_ai.tool.call.id"] == call_id
     assert tool_attrs["gen_ai.tool.type"] == "function"
     assert tool_attrs["ledgerloop.step.name"] == f"tool-0-{call_id}"
+    assert tool_attrs["gen_ai.tool.description"].startswith("Search")
+    assert tool_attrs["ledgerloop.tenant.id"] == DEFAULT_TENANT_ID
     # Content stays off spans and no content event is emitted by default.
     for span in captured.spans.get_finished_spans():
         for value in (span.attributes or {}).values():
@@ -119,3 +146,17 @@ def test_content_rides_an_event_when_opted_in(
     for span in captured_with_content.spans.get_finished_spans():
         for value in (span.attributes or {}).values():
             assert "secret" not in str(value)
+
+
+def test_model_requests_carry_the_chat_spans_traceparent(
+    conn: Conn, make_settings: Any, db_url: str, scripted_model: Any, captured: Captured
+) -> None:
+    model = scripted_model(SCRIPT)
+    run_id = _run(conn, make_settings, db_url, model)
+    chats = {c.context.span_id: c for c in captured.by_kind("chat")}
+    sent = [r["headers"]["traceparent"] for r in model.requests()]
+    assert len(sent) == 2
+    for value in sent:
+        _, trace_id, span_id, _flags = value.split("-")
+        assert int(trace_id, 16) == run_id.int
+        assert int(span_id, 16) in chats

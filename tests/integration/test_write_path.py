@@ -18,9 +18,9 @@ from ledgerloop.db.connect import Conn
 from ledgerloop.effects.ledger import effect_list, effect_resolve
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
-from ledgerloop.runs.store import run_require
+from ledgerloop.runs.store import run_events, run_require
 from ledgerloop.testing.postgres import wait_until
-from tests.conftest import start_test_run, wait_terminal
+from tests.conftest import TICKET_SCRIPT, start_test_run, wait_terminal
 
 
 def _stats(tickets: TicketServiceThread) -> dict[str, Any]:
@@ -49,16 +49,6 @@ def _pending_approval(conn: Conn, run_id: uuid.UUID) -> Any:
     return wait_until(pending, timeout=20)
 
 
-TICKET_SCRIPT = """
-default:
-  turns:
-    - tool_use:
-        name: write_ticket
-        input: {title: "db-1 disk full", body: "extend", priority: high}
-    - text: "Filed."
-"""
-
-
 def test_approved_write_files_exactly_one_ticket(
     conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
 ) -> None:
@@ -68,7 +58,8 @@ def test_approved_write_files_exactly_one_ticket(
     run_id = start_test_run(conn, "ops", "db-1 disk is full")
     approval = _pending_approval(conn, run_id)
     assert _status(conn, run_id) is RunStatus.AWAITING_APPROVAL
-    assert approval.preview["summary"]
+    # No summary template in the policy: the tool's own preview is what the approver reads.
+    assert approval.preview["summary"] == "[high] db-1 disk full"
     assert _stats(tickets)["created"] == 0  # nothing happens before the approval
     approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
     run = wait_terminal(conn, run_id)
@@ -204,6 +195,13 @@ def test_unknown_outcome_without_lookup_waits_for_a_person(
     run = wait_terminal(conn, run_id)
     assert run.status is RunStatus.SUCCEEDED
     assert _stats(tickets)["created"] == 1
+    # Each round of reconciling is in the history, though the status stayed reconciling.
+    rounds = [
+        (e.payload["round"], e.payload["effect_status"])
+        for e in run_events(conn, run_id)
+        if e.event_type == "reconciling"
+    ]
+    assert rounds == [(1, "outcome_unknown"), (2, "needs_human")]
 
 
 def test_failed_run_compensates_its_effects_as_new_effects(
@@ -256,3 +254,28 @@ def test_a_quick_outcome_settles_the_act_step_itself(
         (effect.key,),
     ).fetchone()
     assert unread == {"n": 1}
+
+
+def test_every_write_call_of_a_turn_records_its_executing_event(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(
+        """
+        default:
+          turns:
+            - tool_use:
+                - {name: ticket_idempotent, input: {title: one}}
+                - {name: ticket_idempotent, input: {title: two}}
+            - text: done
+        """
+    )
+    worker(model.url)
+    run = wait_terminal(conn, start_test_run(conn, "writer", "two tickets"))
+    assert run.status is RunStatus.SUCCEEDED
+    assert _stats(tickets)["created"] == 2
+    calls = [b["tool_use_id"] for b in _tool_results(model)]
+    events = run_events(conn, run.id)
+    executing = [e for e in events if e.event_type == "executing"]
+    assert [e.payload["tool_call_id"] for e in executing] == calls
+    # The think after the write turn moved the run back to planning before it succeeded.
+    assert [e.event_type for e in events][-2:] == ["planning", "succeeded"]

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+import ledgerloop.examples.ops_agent  # noqa: F401 (the tests run the example agent too)
 from ledgerloop.agent.definition import Agent, register_agent
 from ledgerloop.models.client import Tier
 from ledgerloop.tools.errors import PolicyDenied, ToolTimeout
@@ -67,11 +68,35 @@ async def denied(args: DenyArgs, ctx: ToolContext) -> Any:
     raise PolicyDenied("not allowed for this tenant")
 
 
+BROKEN_CALLS: dict[str, int] = {}
+
+
+class LookupArgs(BaseModel):
+    key: str
+
+
+@read_tool("broken_lookup", "Looks a key up in a table that does not have it (a bug).", LookupArgs)
+async def broken_lookup(args: LookupArgs, ctx: ToolContext) -> str:
+    BROKEN_CALLS[args.key] = BROKEN_CALLS.get(args.key, 0) + 1
+    table: dict[str, str] = {}
+    return table[args.key]  # KeyError: nobody planned for it
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+@read_tool("whose", "Say which tenant is asking (cached by policy).", NoArgs)
+async def whose(args: NoArgs, ctx: ToolContext) -> str:
+    _count(f"whose:{ctx.tenant_id}")
+    return f"tenant {ctx.tenant_id}"
+
+
 LOOPER = register_agent(
     Agent(
         name="looper",
         system="Test agent.",
-        tools=(echo, big_output, flaky, denied),
+        tools=(echo, big_output, flaky, denied, whose),
     )
 )
 
@@ -141,6 +166,45 @@ WRITER = register_agent(
             PATIENT_TICKET,
             UNDOABLE_TICKET,
             echo,
+            broken_lookup,
         ),
     )
 )
+
+
+TICKET_READER = register_agent(
+    Agent(
+        name="ticket_reader",
+        system="Summarise the ticket.",
+        tools=(echo,),
+        first_message=lambda data: (
+            f"Ticket {data['ticket_id']} ({data['priority']}): {data['summary']}"
+        ),
+    )
+)
+
+
+# -- two agents, one tool name: each agent's `send` goes to its own destination -------------
+
+
+class SendArgs(BaseModel):
+    text: str = Field(min_length=1, max_length=200)
+
+
+def _send(destination: str) -> Tool:
+    effect = HttpEffect(
+        destination=destination,
+        method="POST",
+        path="/idempotent/tickets",
+        honours_idempotency=True,
+        lookup_path="/idempotent/tickets/by-key/{key}",
+    )
+
+    def body(args: Any) -> dict[str, Any]:
+        return {"title": f"{destination}: {args.text}", "body": "sent", "priority": "low"}
+
+    return write_tool("send", f"Send a note to {destination}.", SendArgs, effect)(body)
+
+
+ALPHA = register_agent(Agent(name="alpha", system="Sends to alpha.", tools=(_send("alpha"),)))
+BETA = register_agent(Agent(name="beta", system="Sends to beta.", tools=(_send("beta"),)))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 from ledgerloop.approvals.errors import ApprovalConflict, Forbidden, Unauthenticated
+from ledgerloop.control.cancel import RunNotCancellable
 from ledgerloop.db.errors import DatabasePrivilegeError, DatabaseUnreachable
 from ledgerloop.effects.errors import EffectNotFound, KeyReuse
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.http.errors import error_type, ledgerloop_error_response, status_for
-from ledgerloop.runs.cancel import RunNotCancellable
 from ledgerloop.runs.start import InvalidRunInput
 from ledgerloop.runs.store import RunNotFound
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -20,7 +21,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from ledgerloop.telemetry import semconv as sc
 from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.telemetry.setup import GRPC_PACKAGE, build_providers
-from ledgerloop.telemetry.spans import McpCall, Telemetry, agent_span, chat_span, tool_span
+from ledgerloop.telemetry.spans import Telemetry, agent_span, chat_span
+from ledgerloop.telemetry.tool_spans import McpCall, tool_span
 from tests.support.otlp import Receiver, running_receiver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,8 +82,9 @@ def test_spans_reach_a_real_otlp_http_receiver(receiver: Receiver) -> None:
 
 CHILD = textwrap.dedent(
     """
-    from ledgerloop.telemetry import agent_span, chat_span, configure_telemetry
-    from ledgerloop.telemetry import empty_turn, tool_span
+    from ledgerloop.telemetry import (
+        agent_span, chat_span, configure_telemetry, empty_turn, tool_span,
+    )
 
     configure_telemetry(console=False)
     configure_telemetry(console=False)  # twice is harmless
@@ -89,6 +92,8 @@ CHILD = textwrap.dedent(
         with chat_span("m-1", server_address=None, server_port=None, run_id="run-9",
                        step_name="think-0") as chat:
             chat.record_response({"usage": {"input_tokens": 3, "output_tokens": 1}})
+            # A no-op unless content capture is on.
+            chat.record_content([{"role": "user", "content": "hi"}], {"content": []})
         with tool_span("search_kb", "c1", run_id="run-9", step_name="act-0"):
             pass
     empty_turn("ops-agent", "m-1")
@@ -209,3 +214,89 @@ def test_build_providers_from_environment() -> None:
     assert json.tracer_provider is None
     assert json.meter_provider is None
     assert len(json.problems) == 1  # said once, not once per signal
+
+
+def _bodies(receiver: Receiver, path: str) -> list[bytes]:
+    with receiver.lock:
+        return list(receiver.bodies.get(path, []))
+
+
+def test_content_events_travel_the_logs_pipeline_with_timestamps(receiver: Receiver) -> None:
+    env = _child_env(
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+        OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="EVENT_ONLY",
+    )
+    result = _run_child(env)
+    assert result.returncode == 0, result.stderr
+    records = [
+        record
+        for body in _bodies(receiver, "/v1/logs")
+        for rl in ExportLogsServiceRequest.FromString(body).resource_logs
+        for scope in rl.scope_logs
+        for record in scope.log_records
+    ]
+    (event,) = records
+    assert event.event_name == "gen_ai.client.inference.operation.details"
+    assert event.time_unix_nano > 0
+    assert event.observed_time_unix_nano >= event.time_unix_nano
+    assert event.span_id  # correlated with its chat span
+
+
+def test_exporter_switches_and_resource_attributes_are_honoured(receiver: Receiver) -> None:
+    env = _child_env(
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+        OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="EVENT_ONLY",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_RESOURCE_ATTRIBUTES="service.name=from-attributes,deployment.environment=ci",
+    )
+    result = _run_child(env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert "chat m-1" in receiver.span_names()
+    # The two switched-off signals sent nothing, though they had an endpoint and data.
+    assert _bodies(receiver, "/v1/metrics") == []
+    assert _bodies(receiver, "/v1/logs") == []
+    (request,) = receiver.traces()
+    resource = {
+        kv.key: kv.value.string_value for kv in request.resource_spans[0].resource.attributes
+    }
+    assert resource["service.name"] == "from-attributes"
+    assert resource["deployment.environment"] == "ci"
+
+
+def test_exporter_variables_per_signal() -> None:
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    off = build_providers(
+        "ledgerloop", console=False, environ={**endpoint, "OTEL_TRACES_EXPORTER": "none"}
+    )
+    assert off.tracer_provider is None
+    assert off.meter_provider is not None  # the other signals keep their endpoint
+    off.meter_provider.shutdown()
+
+    console = build_providers(
+        "ledgerloop", console=False, environ={"OTEL_TRACES_EXPORTER": "console"}
+    )
+    assert console.tracer_provider is not None  # no endpoint needed for the console
+    assert console.meter_provider is None
+    console.tracer_provider.shutdown()
+
+    named = build_providers(
+        "ledgerloop",
+        console=False,
+        environ={
+            "OTEL_SERVICE_NAME": "wins",
+            "OTEL_RESOURCE_ATTRIBUTES": "service.name=loses,team=ops%20core",
+            "OTEL_TRACES_EXPORTER": "console",
+        },
+    )
+    assert named.tracer_provider is not None
+    attributes = named.tracer_provider.resource.attributes
+    assert attributes["service.name"] == "wins"
+    assert attributes["team"] == "ops core"
+    named.tracer_provider.shutdown()
+
+    typo = build_providers("ledgerloop", console=False, environ={"OTEL_LOGS_EXPORTER": "otpl"})
+    (problem,) = typo.problems
+    assert "otpl" in problem
+    assert "otlp, console or none" in problem

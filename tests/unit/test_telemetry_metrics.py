@@ -15,7 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from ledgerloop.telemetry import semconv as sc
 from ledgerloop.telemetry.content import CaptureMode
-from ledgerloop.telemetry.spans import Telemetry, agent_span, chat_span, empty_turn, tool_span
+from ledgerloop.telemetry.spans import Telemetry, agent_span, chat_span, empty_turn
+from ledgerloop.telemetry.tool_spans import tool_span
 
 USAGE = {"input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 1000}
 

@@ -17,7 +17,6 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, NoOpTracerProvider, SpanKi
 from ledgerloop.telemetry import semconv as sc
 from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.telemetry.spans import (
-    McpCall,
     Telemetry,
     agent_span,
     chat_span,
@@ -25,8 +24,8 @@ from ledgerloop.telemetry.spans import (
     set_telemetry,
     span_context_from_dict,
     span_context_to_dict,
-    tool_span,
 )
+from ledgerloop.telemetry.tool_spans import McpCall, tool_span
 
 RESPONSE: dict[str, Any] = {
     "id": "msg_01",

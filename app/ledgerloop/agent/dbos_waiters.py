@@ -1,11 +1,12 @@
-"""The one place Ledgerloop reads DBOS's in-process message waiters (dbos 3.4 internals).
+"""The one place Ledgerloop reads DBOS's in-process internals (dbos 3.4): message waiters,
+and the workflow's operation counter.
 
 DBOS's notification listener turns each `pg_notify` of a message to `workflow::topic` into a
 signal on the waiters registered under that key. Two things use it:
 
 - hibernation asks whether a wait's message is arriving (then it must not cancel the wait);
 - the act step watches for its effect's outcome for a moment, so a quick downstream settles
-  the step without the workflow's durable `recv` (see act_write.record_effect).
+  the step without the workflow's durable `recv` (see write_steps.record_effect).
 
 Both degrade safely when the internals move: `arriving` answers yes (never hibernate), and a
 watch that cannot register just times out (the durable wait then does the work). The tests
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from dbos._context import get_local_dbos_context
 from dbos._dbos import _get_dbos_instance
 from dbos._utils import LoopAwareEvent
 
@@ -67,3 +69,32 @@ def watch(workflow_id: str, topic: str) -> Iterator[Watch]:
         yield Watch(event)
     finally:
         waiters.pop(key, event)
+
+
+def last_recv_id() -> int | None:
+    """The operation id of the workflow's latest `recv`, called from workflow code right after
+    it. A recv takes two ids: its own, then its timeout's (a DBOS.sleep record).
+
+    Tracing compares it with where the journal ended when the execution started, to tell a
+    wait that really ended here from one the journal answered. None outside a workflow.
+    """
+    ctx = get_local_dbos_context()
+    if ctx is None or not ctx.is_workflow():
+        return None
+    return int(ctx.function_id) - 1
+
+
+def last_step_id() -> int | None:
+    """The operation id of the workflow's latest step, called from workflow code right after
+    it (DBOS gives each step the next id). None outside a workflow."""
+    ctx = get_local_dbos_context()
+    if ctx is None or not ctx.is_workflow():
+        return None
+    return int(ctx.function_id)
+
+
+def in_workflow() -> bool:
+    """Whether this code runs in a real DBOS workflow (not, say, a replay harness that answers
+    the workflow's operations from a journal: tracing then emits and records nothing)."""
+    ctx = get_local_dbos_context()
+    return ctx is not None and ctx.is_workflow()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import json
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from ledgerloop.errors import ConfigError
 from ledgerloop.models.client import Tier
@@ -22,6 +25,37 @@ class Agent:
     #: the model and counts against the run's max_rejected_answers budget.
     validate_answer: Callable[[str], str | None] | None = None
     prompt_version: str = "1"
+    #: MCP servers (names in tool_policy.yaml's mcp_servers) whose tools this agent gets;
+    #: each run lists them once, in its `mcp-discover` step.
+    mcp_servers: tuple[str, ...] = ()
+    #: How a run's input becomes the model's first user message: a string, or a list of
+    #: content blocks. By default, `input["message"]` when it is a string, else the whole
+    #: input as JSON. Called once per run, in `memory-load` (a resumed run reuses the result).
+    first_message: Callable[[dict[str, Any]], str | list[dict[str, Any]]] | None = None
+
+    def user_message(self, run_input: dict[str, Any]) -> str | list[dict[str, Any]]:
+        """The first user message of a run with this input."""
+        if self.first_message is not None:
+            content = self.first_message(run_input)
+            if not isinstance(content, str | list):
+                raise TypeError(
+                    f"agent {self.name}: first_message returned {type(content).__name__}; "
+                    "return a string or a list of content blocks"
+                )
+            return content
+        message = run_input.get("message")
+        return message if isinstance(message, str) else json.dumps(run_input)
+
+    def __post_init__(self) -> None:
+        # A model names a tool by its name alone: two of one name would make what runs
+        # depend on which is found first.
+        names = [tool.name for tool in self.tools]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ConfigError(
+                f"agent {self.name!r} has more than one tool named {', '.join(twice)}",
+                fix="give each of the agent's tools its own name",
+            )
 
     def tool(self, name: str) -> Tool | None:
         for candidate in self.tools:
@@ -31,6 +65,8 @@ class Agent:
 
 
 _AGENTS: dict[str, Agent] = {}
+#: The module that registered each agent (a worker checks the agents of its own modules).
+_ORIGINS: dict[str, str] = {}
 
 
 def register_agent(agent: Agent) -> Agent:
@@ -38,7 +74,15 @@ def register_agent(agent: Agent) -> Agent:
     if existing is not None and existing is not agent:
         raise ConfigError(f"two agents are named {agent.name!r}", fix="rename one of them")
     _AGENTS[agent.name] = agent
+    caller = sys._getframe(1).f_globals.get("__name__", "")
+    _ORIGINS.setdefault(agent.name, str(caller))
     return agent
+
+
+def agents_from(modules: Iterable[str]) -> list[Agent]:
+    """The agents registered by these modules (in this process, others may be registered)."""
+    wanted = set(modules)
+    return [agent for name, agent in _AGENTS.items() if _ORIGINS.get(name) in wanted]
 
 
 def get_agent(name: str) -> Agent | None:
@@ -49,9 +93,14 @@ def agents() -> dict[str, Agent]:
     return dict(_AGENTS)
 
 
+#: The example agent `ledgerloop demo` runs. Like any agent module, it registers only when
+#: named (LEDGERLOOP_AGENT_MODULES): a deployment runs the agents it asks for and no others.
+EXAMPLE_AGENT_MODULE = "ledgerloop.examples.ops_agent"
+
+
 def load_agent_modules(modules: Iterable[str]) -> None:
-    """Import the modules that register agents (the examples and the user's own)."""
-    for module in ("ledgerloop.examples.ops_agent", *modules):
+    """Import the modules that register agents."""
+    for module in modules:
         try:
             importlib.import_module(module)
         except ImportError as exc:

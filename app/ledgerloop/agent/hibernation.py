@@ -10,8 +10,8 @@ megabytes. Instead, once a wait has lasted `hibernate_after_s`:
    `recv` may be consuming, is left alone);
 2. one transaction parks its DBOS workflow as DELAYED until the wait's own deadline, or
    puts it straight back on the queue when its message already arrived;
-3. the `wake_hibernated_run` trigger on `dbos.notifications` (migration 0005) moves a parked
-   run back to ENQUEUED in the transaction that sends it a message (a decision, an effect's
+3. the `wake_hibernated_run` trigger on `dbos.notifications` (db/dbos_objects.sql) moves a
+   parked run back to ENQUEUED in the transaction that sends it a message (a decision, an effect's
    outcome), and DBOS enqueues it at the deadline by itself. Any worker may then dequeue it;
    it replays its journal up to the wait, where the message is waiting.
 
@@ -20,9 +20,10 @@ concurrently is either seen by the park (which then re-enqueues) or sees the par
 (which it then wakes): no wake is lost. A hibernation is not a failed attempt, so the park
 gives back the dispatch DBOS counted against the run's recovery limit.
 
-What this relies on in DBOS 3.4, all exercised by tests/integration/test_hibernation.py: a
-cancelled workflow task records nothing; the DELAYED status and its `delay_until_epoch_ms`;
-the queue dispatch of ENQUEUED rows; the recv waiter map (read to see a message arriving).
+What this relies on in DBOS beyond its public API is listed in ledgerloop/dbos_internals.py
+(a cancelled workflow task records nothing; the DELAYED status and its `delay_until_epoch_ms`;
+the queue dispatch of ENQUEUED rows and their owner token; the recovery count; the recv waiter
+map), each checked by its contract test in tests/contract/.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from typing import Any
 
 from dbos import DBOS
 
+from ledgerloop.agent import tracing
 from ledgerloop.agent.dbos_waiters import arriving
+from ledgerloop.agent.stepping import QUEUE_NAME
 from ledgerloop.db.sql import load_queries
 from ledgerloop.faults import hit
 from ledgerloop.runtime import get_runtime
@@ -51,6 +54,11 @@ _DEADLINE_MARGIN_S = 1.0
 #: Backoff while the park cannot reach the database (the task cannot go back to waiting).
 _PARK_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
+#: Set by the run workflow: only its waits hibernate, because the wake trigger (migration
+#: 0005) wakes only that workflow. A custom DBOS workflow's waits stay resident.
+hibernating_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "ledgerloop_hibernating_allowed", default=False
+)
 _hibernating: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "ledgerloop_hibernating", default=False
 )
@@ -86,7 +94,12 @@ async def wait_message(topic: str, until: float) -> Any:
     timeout = max(0.0, until - time.time())
     after = get_runtime().settings.hibernate_after_s
     task = asyncio.current_task()
-    if not after or task is None or timeout <= after + _DEADLINE_MARGIN_S:
+    if (
+        not after
+        or task is None
+        or not hibernating_allowed.get()
+        or timeout <= after + _DEADLINE_MARGIN_S
+    ):
         return await DBOS.recv_async(topic, timeout)
     workflow_id = DBOS.workflow_id
     assert workflow_id is not None, "wait_message runs inside a workflow"
@@ -100,7 +113,7 @@ async def wait_message(topic: str, until: float) -> Any:
         _hibernating.set(True)
         mark_hibernated()
         hit("hibernate.before_park")
-        await _park(wait)
+        await _park(wait, await tracing.end_hibernating())
         raise
     finally:
         wait.timer.cancel()
@@ -116,9 +129,7 @@ def _hibernate(wait: _Wait) -> None:
     wait.task.cancel()
 
 
-async def _park(wait: _Wait) -> None:
-    from ledgerloop.agent.loop import QUEUE_NAME
-
+async def _park(wait: _Wait, execution: tuple[str, dict[str, Any]] | None) -> None:
     settings = get_runtime().settings
     params = {
         "queue": QUEUE_NAME,
@@ -141,6 +152,8 @@ async def _park(wait: _Wait) -> None:
             assert waiting is not None
             query = "workflow_requeue" if waiting["waiting"] else "workflow_park"
             conn.execute(Q[query], params)
+            # This execution ended its own span: the next one must not rebuild it.
+            tracing.record_hibernated(conn, execution)
             return "requeued" if waiting["waiting"] else "parked"
 
     # Until it works: the execution is gone and the run, PENDING under this executor, has no

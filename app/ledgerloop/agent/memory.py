@@ -1,11 +1,11 @@
-"""Conversation memory: loaded once per run (memory-load), appended per turn (memory-save-{i})."""
+"""Conversation memory: loaded once per run (memory-load), saved with the run's final answer
+(by its think step, or memory-save-{i}) or its end (finish), and when an answer is rejected:
+each save is one row, written by the run's move (runs.store.run_ensure_status, `memory`)."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
-
-from psycopg.types.json import Jsonb
 
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
@@ -20,33 +20,10 @@ def messages_load(conn: Conn, *, tenant_id: uuid.UUID, conversation_id: str) -> 
         Q["messages_for_conversation"],
         {"tenant_id": tenant_id, "conversation_id": conversation_id},
     ).fetchall()
-    return [{"role": row["role"], "content": row["content"]} for row in rows]
+    return [message for row in rows for message in row["messages"]]
 
 
-def messages_append(
-    conn: Conn,
-    *,
-    run_id: uuid.UUID,
-    tenant_id: uuid.UUID,
-    conversation_id: str,
-    turn: int,
-    first_sequence: int,
-    messages: list[Message],
-) -> None:
-    """Append `messages` at `first_sequence`..; re-appending the same sequence is a no-op."""
-    with conn.cursor() as cur:
-        cur.executemany(
-            Q["message_insert"],
-            [
-                {
-                    "run_id": run_id,
-                    "tenant_id": tenant_id,
-                    "conversation_id": conversation_id,
-                    "sequence": first_sequence + offset,
-                    "turn": turn,
-                    "role": message["role"],
-                    "content": Jsonb(message["content"]),
-                }
-                for offset, message in enumerate(messages)
-            ],
-        )
+def messages_delete_for_runs(conn: Conn, run_ids: list[uuid.UUID]) -> int:
+    """Retention: drop the messages these runs wrote (rows of either table)."""
+    row = conn.execute(Q["messages_delete_for_runs"], {"run_ids": run_ids}).fetchone()
+    return int(row["deleted"]) if row else 0

@@ -11,56 +11,27 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Callable
-from functools import wraps
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from collections import OrderedDict
+from typing import Any
 
-from dbos import StepOptions
+from dbos import DBOS
 from pydantic import ValidationError
 
 from ledgerloop.agent.definition import Agent, get_agent
-from ledgerloop.agent.memory import messages_append, messages_load
+from ledgerloop.agent.memory import messages_load
+from ledgerloop.agent.stepping import db_call, pooled, pooled_autocommit
 from ledgerloop.db.connect import Conn
+from ledgerloop.faults import hit
 from ledgerloop.models.client import Tier
-from ledgerloop.runs.states import RunStatus
-from ledgerloop.runs.store import run_ensure_status, run_require
+from ledgerloop.runs.states import TERMINAL, RunStatus
+from ledgerloop.runs.store import Memory, RunStopped, run_ensure_status, run_facts
 from ledgerloop.runtime import get_runtime
 from ledgerloop.telemetry import chat_span, empty_turn, tool_span
+from ledgerloop.telemetry.executions import end_run_here, lost_call
+from ledgerloop.telemetry.runtrace import end_run, trace_headers
 from ledgerloop.tools.errors import NonRetryableToolError, RetryableToolError
 from ledgerloop.tools.payloads import offload_if_large
 from ledgerloop.tools.registry import ToolContext, ToolKind
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-#: Code steps (memory, bookkeeping): 3 attempts within about 30 s.
-CODE_STEP: StepOptions = {"retries_allowed": True, "max_attempts": 3, "interval_seconds": 1.0}
-#: A model call: one attempt (the client's own timeout bounds it at 240 s).
-MODEL_STEP: StepOptions = {"retries_allowed": False}
-
-
-async def db_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a sync store function on a pooled connection, off the event loop."""
-
-    def call() -> Any:
-        with get_runtime().pool.connection() as conn:
-            return fn(conn, *args, **kwargs)
-
-    return await asyncio.to_thread(call)
-
-
-def pooled(fn: Callable[Concatenate[Conn, P], R]) -> Callable[P, R]:
-    """A store function as a step body: it borrows a pooled connection for the call.
-
-    DBOS runs a sync step body on its thread pool, so the event loop never blocks on it.
-    """
-
-    @wraps(fn)
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        with get_runtime().pool.connection() as conn:
-            return fn(conn, *args, **kwargs)
-
-    return call
 
 
 def _require_agent(name: str) -> Agent:
@@ -73,39 +44,61 @@ def _require_agent(name: str) -> Agent:
 # -- memory ------------------------------------------------------------------------------
 
 
-@pooled
-def memory_load(conn: Conn, run_key: str, trace: dict[str, str]) -> dict[str, Any]:
+@pooled_autocommit
+def memory_load(conn: Conn, run_key: str, trace: dict[str, Any]) -> dict[str, Any]:
     rt = get_runtime()
     run_id = uuid.UUID(run_key)
-    run = run_require(conn, run_id)
+    now = time.time()
+    # The move to planning first: it returns the run, so the common case is one statement.
+    # The deadline goes into the run's state too: the sweeper settles a run still unfinished
+    # past it (control/sweeper.py).
+    try:
+        run = run_ensure_status(
+            conn,
+            run_id,
+            RunStatus.PLANNING,
+            "planning",
+            {"turn": 0},
+            {"deadline": now + rt.settings.run_deadline_s},
+            step="memory-load",
+        )
+    except RunStopped as stopped:
+        run = stopped.run
     base = {
-        # The first execution's span context, journaled with this step: a resumed execution
-        # replays it and links its own invoke_agent span to it, at no extra cost.
+        # The first execution's identity, journaled with this step: a resumed execution
+        # replays it (and rebuilds that execution's span if it was killed), at no extra cost.
         "trace": trace,
         "agent": run.agent,
         "tenant_id": str(run.tenant_id),
-        "now": time.time(),
-        "deadline": time.time() + rt.settings.run_deadline_s,
+        "created_ns": int(run.created_at.timestamp() * 1e9),
+        "now": now,
+        # A repeat of this step (its first execution died before its checkpoint) keeps the
+        # deadline the first one recorded.
+        "deadline": float(run.state.get("deadline") or now + rt.settings.run_deadline_s),
     }
-    if run.status.value in ("succeeded", "failed", "cancelled"):
+    if run.status in TERMINAL:
         return {**base, "terminal": run.status.value, "messages": []}
     agent = get_agent(run.agent)
     if agent is None:
-        with conn.transaction():
-            run_ensure_status(
-                conn,
-                run_id,
-                RunStatus.FAILED,
-                "failed",
-                {"reason": "unknown_agent"},
-                {"error": f"agent {run.agent!r} is not registered in this worker"},
-            )
+        run_ensure_status(
+            conn,
+            run_id,
+            RunStatus.FAILED,
+            "failed",
+            {"reason": "unknown_agent"},
+            {"error": f"agent {run.agent!r} is not registered in this worker"},
+        )
+        end_run("failed", "unknown_agent", facts=run_facts(run))
         return {**base, "terminal": "failed", "messages": []}
-    conversation_id = str(run.input.get("conversation_id") or run_id)
-    history = messages_load(conn, tenant_id=run.tenant_id, conversation_id=conversation_id)
-    message = run.input.get("message")
-    user_text = message if isinstance(message, str) else json.dumps(run.input)
-    run_ensure_status(conn, run_id, RunStatus.PLANNING, "planning", {"turn": 0})
+    given = run.input.get("conversation_id")
+    conversation_id = str(given or run_id)
+    # A conversation of the run's own (none was given) has no history: its id is new.
+    history = (
+        messages_load(conn, tenant_id=run.tenant_id, conversation_id=conversation_id)
+        if given
+        else []
+    )
+    user_text = agent.user_message(run.input)
     return {
         **base,
         "conversation_id": conversation_id,
@@ -114,7 +107,7 @@ def memory_load(conn: Conn, run_key: str, trace: dict[str, str]) -> dict[str, An
     }
 
 
-@pooled
+@pooled_autocommit
 def memory_save(
     conn: Conn,
     run_id: str,
@@ -129,39 +122,67 @@ def memory_save(
     state_patch: dict[str, Any],
 ) -> dict[str, Any]:
     """Append the turn's messages; they and the run's next status commit together."""
-    with conn.transaction():
-        messages_append(
-            conn,
-            run_id=uuid.UUID(run_id),
-            tenant_id=uuid.UUID(tenant_id),
-            conversation_id=conversation_id,
-            turn=turn,
-            first_sequence=first_sequence,
-            messages=messages,
-        )
-        run = run_ensure_status(
-            conn, uuid.UUID(run_id), RunStatus(target), event, event_payload, state_patch
-        )
+    run = run_ensure_status(
+        conn,
+        uuid.UUID(run_id),
+        RunStatus(target),
+        event,
+        event_payload,
+        state_patch,
+        step=f"memory-save-{turn}",
+        memory=Memory(conversation_id, first_sequence, messages),
+    )
+    if run.status is RunStatus.SUCCEEDED:
+        end_run_here(run.status.value, event, run_facts(run))  # after the commit: the root
     return {"status": run.status.value, "now": time.time()}
 
 
-@pooled
+@pooled_autocommit
 def finish(
-    conn: Conn, run_id: str, target: str, event: str, payload: dict[str, Any]
+    conn: Conn,
+    run_id: str,
+    target: str,
+    event: str,
+    payload: dict[str, Any],
+    memory: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Move the run to a terminal status with the reason in its state and history."""
-    with conn.transaction():
-        run = run_ensure_status(conn, uuid.UUID(run_id), RunStatus(target), event, payload, payload)
+    """Move the run to a terminal status with the reason in its state and history, and save
+    the conversation not yet in memory (`memory`: tenant, conversation, first sequence and
+    messages) in the same statement."""
+    saved = (
+        Memory(memory["conversation_id"], memory["first_sequence"], memory["messages"])
+        if memory
+        else None
+    )
+    run = run_ensure_status(
+        conn,
+        uuid.UUID(run_id),
+        RunStatus(target),
+        event,
+        payload,
+        payload,
+        step="finish",
+        memory=saved,
+    )
+    end_run_here(run.status.value, event, run_facts(run))  # after the commit: the root span
     return {"status": run.status.value}
 
 
 @pooled
 def transition(
-    conn: Conn, run_id: str, target: str, event: str, payload: dict[str, Any]
+    conn: Conn,
+    run_id: str,
+    target: str,
+    event: str,
+    payload: dict[str, Any],
+    step: str | None = None,
 ) -> dict[str, Any]:
-    """A bare status move, for waits (awaiting_approval, reconciling)."""
+    """A bare status move, for waits (awaiting_approval, reconciling); `step` records a
+    same-state event (another reconciling round) once."""
     with conn.transaction():
-        run = run_ensure_status(conn, uuid.UUID(run_id), RunStatus(target), event, payload)
+        run = run_ensure_status(
+            conn, uuid.UUID(run_id), RunStatus(target), event, payload, step=step
+        )
     return {"status": run.status.value, "now": time.time()}
 
 
@@ -183,9 +204,25 @@ def is_empty_turn(response: dict[str, Any]) -> bool:
 
 
 async def think(
-    run_id: str, step_name: str, agent_name: str, tier: str, messages: list[dict[str, Any]]
+    run_id: str,
+    step_name: str,
+    agent_name: str,
+    tier: str,
+    messages: list[dict[str, Any]],
+    mcp_tools: list[dict[str, Any]] | None = None,
+    replan: bool = False,
+    save: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One messages.create. Failures come back as data: the workflow decides what they mean."""
+    """One messages.create. Failures come back as data: the workflow decides what they mean.
+
+    `replan`: the run comes back from a write turn; move it to planning first, in this step
+    (recorded once under the step's name), rather than in a step of its own.
+    `save`: the run's final save, for when the model answers (see `save_answer`).
+    """
+    if replan:
+        await asyncio.to_thread(
+            transition, run_id, RunStatus.PLANNING.value, "planning", {}, step_name
+        )
     rt = get_runtime()
     agent = _require_agent(agent_name)
     model = rt.model.model_for(Tier(tier))
@@ -194,8 +231,16 @@ async def think(
         "max_tokens": agent.max_tokens,
         "system": agent.system,
         "messages": messages,
-        "tools": [tool.schema() for tool in agent.tools],
+        "tools": [*(tool.schema() for tool in agent.tools), *(mcp_tools or ())],
     }
+    # The call an interrupted execution had in flight here, if this is where it died.
+    lost_call(
+        DBOS.step_id,
+        model,
+        step_name=step_name,
+        server_address=rt.model.server_address,
+        server_port=rt.model.server_port,
+    )
     with chat_span(
         model,
         server_address=rt.model.server_address,
@@ -205,18 +250,95 @@ async def think(
         max_tokens=agent.max_tokens,
     ) as recorder:
         try:
-            response = await rt.model.create(**request)
+            # The chat span's context rides the request (W3C traceparent).
+            response = await rt.model.create(**request, extra_headers=trace_headers())
         except Exception as exc:
             error = {"type": type(exc).__name__, "message": str(exc)[:500]}
             status = getattr(exc, "status_code", None)
             if status is not None:
                 error["status_code"] = status
+            # Returned as data, so the span would not see it: mark it (span and metric).
+            recorder.record_error(error["type"], error["message"])
             return {"error": error, "model": model, "tier": tier, "now": time.time()}
         recorder.record_response(response)
         recorder.record_content(messages, response, agent.system)
     if is_empty_turn(response):
         empty_turn(agent.name, model)
-    return {"response": response, "model": model, "tier": tier, "now": time.time()}
+    result: dict[str, Any] = {
+        "response": compact_response(response),
+        "model": model,
+        "tier": tier,
+        "now": time.time(),
+    }
+    if save is not None and answer_text(result["response"]) is not None:
+        result = await asyncio.to_thread(save_answer, run_id, save, result)
+    return result
+
+
+def answer_text(response: dict[str, Any]) -> str | None:
+    """The text of a response that is a final answer (no tool call, something visible)."""
+    if is_empty_turn(response):
+        return None
+    content = response.get("content") or []
+    if any(block.get("type") == "tool_use" for block in content):
+        return None
+    return "".join(b.get("text", "") for b in content if b.get("type") == "text")
+
+
+@pooled_autocommit
+def save_answer(
+    conn: Conn, run_id: str, save: dict[str, Any], result: dict[str, Any]
+) -> dict[str, Any]:
+    """The run's final save, made by the think step that got the answer (the loop asks for it
+    only when nothing can refuse the answer: no validator, no sandbox to destroy): the
+    conversation not yet in memory, the answer and `succeeded`, in one statement, under the
+    step name `memory-save-{turn}` the save would otherwise have had. Saves a step (its
+    journal check and checkpoint) per run.
+
+    A repeat of the step (it died after this commit, before its checkpoint) asked the model
+    again; the answer that counts is the one saved: the result is made from it.
+    """
+    text = answer_text(result["response"])
+    assert text is not None
+    turn = int(save["turn"])
+    answer = {"answer": text, "turns": turn + 1, "empty_turns": save["empty_turns"]}
+    message = {"role": "assistant", "content": result["response"]["content"]}
+    run = run_ensure_status(
+        conn,
+        uuid.UUID(run_id),
+        RunStatus.SUCCEEDED,
+        "succeeded",
+        answer,
+        {"turn": turn, **answer},
+        step=f"memory-save-{turn}",
+        memory=Memory(save["conversation_id"], save["first_sequence"], [*save["unsaved"], message]),
+    )
+    hit("loop.after_answer_saved")
+    saved = run.state.get("answer")
+    if isinstance(saved, str) and saved != text:
+        content = [{"type": "text", "text": saved}]
+        result = {**result, "response": {**result["response"], "content": content}}
+    end_run_here(run.status.value, "succeeded", run_facts(run))  # after the commit: the root
+    return {**result, "saved": run.status.value}
+
+
+def compact_response(response: dict[str, Any]) -> dict[str, Any]:
+    """What of a model response the run keeps in its journal: the content (null fields
+    dropped: the SDK's JSON has a dozen per block), why it stopped, what it cost. The rest
+    of the SDK object is mostly nulls, and each turn would write it to the journal again."""
+    usage = response.get("usage") or {}
+    return {
+        "id": response.get("id"),
+        "model": response.get("model"),
+        "stop_reason": response.get("stop_reason"),
+        "content": [
+            {k: v for k, v in block.items() if v is not None}
+            for block in response.get("content") or []
+        ],
+        "usage": {
+            k: usage[k] for k in ("input_tokens", "output_tokens") if usage.get(k) is not None
+        },
+    }
 
 
 # -- act: read tools ---------------------------------------------------------------------
@@ -237,11 +359,13 @@ async def run_read_tool(
     rt = get_runtime()
     agent = _require_agent(agent_name)
     call_id, name = str(call["id"]), str(call["name"])
-    await asyncio.to_thread(
-        transition, run_id, RunStatus.EXECUTING.value, "executing", {"tool_call_id": call_id}
-    )
-    with tool_span(name, call_id, run_id=run_id, step_name=step_name) as span:
-        tool = agent.tool(name)
+    # A read tool leaves the run's status alone: it changes nothing outside, so "executing"
+    # would only cost a write per turn (the step itself is in the journal and the timeline).
+    tool = agent.tool(name)
+    description = tool.description if tool is not None else None
+    with tool_span(
+        name, call_id, run_id=run_id, step_name=step_name, description=description
+    ) as span:
         if tool is None:
             known = ", ".join(t.name for t in agent.tools)
             span.record_error("UnknownTool", f"unknown tool {name}")
@@ -257,7 +381,8 @@ async def run_read_tool(
             raise TypeError(f"{name} is not a read tool")
         policy = rt.policy.for_tool(name)
         ctx = ToolContext(run_id, call_id, tenant_id, f"{run_id}:{call_id}")
-        cached = _cache_get(name, call.get("input"), policy.cache_ttl_s)
+        cache_key = READ_CACHE.key(tenant_id, agent.name, name, call.get("input"))
+        cached = READ_CACHE.get(cache_key) if policy.cache_ttl_s > 0 else None
         if cached is not None:
             output: Any = cached
         else:
@@ -266,11 +391,18 @@ async def run_read_tool(
                 span.record_error(outcome["error"]["type"], outcome["error"]["message"])
                 return tool_result(call_id, json.dumps(outcome["error"]), is_error=True)
             output = outcome["output"]
-            _cache_put(name, call.get("input"), policy.cache_ttl_s, output)
+            if policy.cache_ttl_s > 0:
+                READ_CACHE.put(cache_key, policy.cache_ttl_s, output)
+        text = _as_text(output)
+        # Most results are small: no connection, no thread hop (the UTF-8 size is at most
+        # four bytes a character, so a short string needs no encoding to know it fits).
+        limit = rt.settings.payload_offload_bytes
+        if len(text) * 4 <= limit or len(text.encode()) <= limit:
+            return tool_result(call_id, text)
         offloaded = await db_call(
             offload_if_large,
-            _as_text(output),
-            limit_bytes=rt.settings.payload_offload_bytes,
+            text,
+            limit_bytes=limit,
             run_id=uuid.UUID(run_id),
             tenant_id=uuid.UUID(tenant_id),
             tool_call_id=call_id,
@@ -309,24 +441,46 @@ async def _with_retries(handler: Any, args: Any, ctx: ToolContext, policy: Any) 
     }
 
 
-# A read tool's cache lives in the worker process: read tools are side-effect free, so a
-# cache miss after a restart only costs one more call.
-_CACHE: dict[str, tuple[float, Any]] = {}
+class ReadCache:
+    """Read-tool results by (tenant, agent, tool, arguments), each for its policy's TTL.
 
+    In the worker process only: read tools are side-effect free, so a miss after a restart
+    costs one more call. Keyed by tenant (one tenant's answer is never another's) and agent
+    (two agents' tools may share a name); bounded to `max_entries`, least recently used out
+    first, so a stream of distinct arguments cannot grow the worker without limit.
+    """
 
-def _cache_key(name: str, arguments: Any) -> str:
-    return name + ":" + json.dumps(arguments, sort_keys=True, default=str)
+    def __init__(self, max_entries: int = 1024) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, tuple[float, Any]] = OrderedDict()
 
+    @staticmethod
+    def key(tenant_id: str, agent: str, tool: str, arguments: Any) -> str:
+        return json.dumps([tenant_id, agent, tool, arguments], sort_keys=True, default=str)
 
-def _cache_get(name: str, arguments: Any, ttl: float) -> Any:
-    if ttl <= 0:
-        return None
-    hit = _CACHE.get(_cache_key(name, arguments))
-    if hit and hit[0] > time.monotonic():
+    def get(self, key: str) -> Any:
+        hit = self._entries.get(key)
+        if hit is None:
+            return None
+        if hit[0] <= time.monotonic():
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
         return hit[1]
-    return None
+
+    def put(self, key: str, ttl: float, value: Any) -> None:
+        self._entries[key] = (time.monotonic() + ttl, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
-def _cache_put(name: str, arguments: Any, ttl: float, value: Any) -> None:
-    if ttl > 0:
-        _CACHE[_cache_key(name, arguments)] = (time.monotonic() + ttl, value)
+#: One per worker process (READ_CACHE_ENTRIES results at most).
+READ_CACHE_ENTRIES = 1024
+READ_CACHE = ReadCache(READ_CACHE_ENTRIES)

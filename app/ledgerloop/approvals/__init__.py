@@ -29,9 +29,11 @@ from ledgerloop.approvals.principals import (
 )
 from ledgerloop.approvals.store import (
     Approval,
+    ApprovalReading,
     ApprovalStatus,
     Decision,
     approval_cancel_for_run,
+    approval_check,
     approval_decide,
     approval_expire,
     approval_get,
@@ -50,6 +52,7 @@ __all__ = [
     "ApprovalConflict",
     "ApprovalError",
     "ApprovalNotFound",
+    "ApprovalReading",
     "ApprovalStatus",
     "ApprovalUndeliverable",
     "Decision",
@@ -58,6 +61,7 @@ __all__ = [
     "Principal",
     "Unauthenticated",
     "approval_cancel_for_run",
+    "approval_check",
     "approval_decide",
     "approval_expire",
     "approval_get",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, ClassVar
 from ledgerloop.errors import LedgerloopError
 
 if TYPE_CHECKING:
-    from ledgerloop.approvals.store import Approval
+    from ledgerloop.approvals.records import Approval
 
 
 class ApprovalError(LedgerloopError):

@@ -42,7 +42,10 @@ INSERT INTO ledgerloop.approval (id, run_id, tenant_id, tool, tool_call_id, acti
                                  policy_version, required_roles, requested_at, expires_at)
 SELECT %(id)s, r.id, r.tenant_id, %(tool)s, %(tool_call_id)s, %(action_hash)s, %(preview)s,
        %(policy_version)s, %(required_roles)s, COALESCE(%(now)s::timestamptz, now()),
-       %(expires_at)s::timestamptz
+       -- The database's clock: a time-to-live counts from its now(), capped by expires_at.
+       -- LEAST ignores NULLs: either bound alone applies, and neither means no expiry.
+       LEAST(%(expires_at)s::timestamptz,
+             COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(ttl_s)s::float8))
 FROM ledgerloop.agent_run r
 WHERE r.id = %(run_id)s AND r.tenant_id = %(tenant_id)s
 ON CONFLICT (run_id, tool_call_id, action_hash) DO NOTHING
@@ -70,6 +73,16 @@ WHERE run_id = %(run_id)s
 SELECT id, run_id, tenant_id, tool, tool_call_id, action_hash, preview, policy_version,
        required_roles, requested_at, expires_at, status, decided_by_principal,
        decided_by_name, auth_token_id, auth_role, decision, reason, decided_at, closed_at
+FROM ledgerloop.approval
+WHERE id = %(id)s
+
+-- name: approval_read
+-- What the waiting run acts on: the row, and how long until it expires by this clock.
+SELECT id, run_id, tenant_id, tool, tool_call_id, action_hash, preview, policy_version,
+       required_roles, requested_at, expires_at, status, decided_by_principal,
+       decided_by_name, auth_token_id, auth_role, decision, reason, decided_at, closed_at,
+       extract(epoch FROM expires_at - COALESCE(%(now)s::timestamptz, now()))::float8
+         AS remaining_s
 FROM ledgerloop.approval
 WHERE id = %(id)s
 

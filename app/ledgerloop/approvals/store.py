@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 import psycopg.errors
@@ -30,6 +29,8 @@ from ledgerloop.approvals.errors import (
     InvalidApprovalInput,
 )
 from ledgerloop.approvals.principals import APPROVER, Principal, principal_lock
+from ledgerloop.approvals.records import Approval as Approval
+from ledgerloop.approvals.records import ApprovalStatus as ApprovalStatus
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
 from ledgerloop.effects.hashing import canonical_json
@@ -39,55 +40,11 @@ from ledgerloop.runs.store import Outcome, RunNotFound
 Q = load_queries("ledgerloop.approvals")
 
 
-class ApprovalStatus(StrEnum):
-    PENDING = "pending"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    EXPIRED = "expired"
-    SUPERSEDED = "superseded"
-    CANCELLED = "cancelled"
-
-
 #: The verbs a principal sends -> the status (and message `decision`) they produce.
 DECISIONS: dict[str, ApprovalStatus] = {
     "approve": ApprovalStatus.APPROVED,
     "reject": ApprovalStatus.REJECTED,
 }
-
-
-@dataclass(frozen=True)
-class Approval:
-    id: uuid.UUID
-    run_id: uuid.UUID
-    tenant_id: uuid.UUID
-    tool: str
-    tool_call_id: str
-    action_hash: str
-    preview: dict[str, Any]
-    policy_version: str
-    required_roles: tuple[str, ...]
-    requested_at: datetime
-    expires_at: datetime | None
-    status: ApprovalStatus
-    decided_by_principal: uuid.UUID | None
-    decided_by_name: str | None
-    auth_token_id: uuid.UUID | None
-    auth_role: str | None
-    decision: str | None
-    reason: str | None
-    decided_at: datetime | None
-    closed_at: datetime | None
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Approval:
-        fields = {k: v for k, v in row.items() if k != "past_expiry"}
-        return cls(
-            **{
-                **fields,
-                "status": ApprovalStatus(row["status"]),
-                "required_roles": tuple(row["required_roles"]),
-            }
-        )
 
 
 @dataclass(frozen=True)
@@ -131,11 +88,15 @@ def approval_request(
     policy_version: str,
     required_roles: Iterable[str] = (APPROVER,),
     expires_at: datetime | None = None,
+    ttl_s: float | None = None,
     now: datetime | None = None,
 ) -> Approval:
     """Ask for approval of one exact action. Idempotent: a workflow step that re-runs after a
     crash gets the same record back. A new hash for the same tool call supersedes the older
-    pending ones, so a stale proposal can no longer be approved."""
+    pending ones, so a stale proposal can no longer be approved.
+
+    The approval expires `ttl_s` after the database's now(), or at `expires_at`, whichever
+    comes first: expiry is computed and checked by the same clock."""
     roles = tuple(dict.fromkeys(required_roles)) or (APPROVER,)
     if not tool or not tool_call_id or not action_hash:
         raise InvalidApprovalInput(
@@ -156,6 +117,7 @@ def approval_request(
                 "policy_version": policy_version,
                 "required_roles": list(roles),
                 "expires_at": expires_at,
+                "ttl_s": ttl_s,
                 "now": now,
             },
         ).fetchone()
@@ -280,15 +242,17 @@ def _record(
     ).fetchone()
     assert row is not None, "the approval row is locked and pending"
     decided = Approval.from_row(row)
-    topic = approval_topic(decided.id)
     try:
         conn.execute(
             Q["approval_send_decision"],
             {
                 "destination_id": str(decided.run_id),
                 "message": canonical_json(decision_message(decided)),
-                "topic": topic,
-                "message_id": topic,
+                "topic": approval_topic(decided.id),
+                # Fresh, not derived from the approval: this transaction sends at most once
+                # (the row was pending), and a message id nobody can predict cannot be taken
+                # first by someone else's message, which would make DBOS drop this one.
+                "message_id": f"{approval_topic(decided.id)}:{uuid.uuid4()}",
             },
         )
     except psycopg.errors.ForeignKeyViolation as exc:
@@ -318,6 +282,32 @@ def approval_expire(conn: Conn, approval_id: uuid.UUID, now: datetime | None = N
     if current is None:
         raise ApprovalNotFound(approval_id)
     return current
+
+
+@dataclass(frozen=True)
+class ApprovalReading:
+    """An approval as it stands, and the seconds until it expires by the database's clock."""
+
+    approval: Approval
+    remaining_s: float | None  # None: it never expires
+
+
+def approval_check(
+    conn: Conn, approval_id: uuid.UUID, now: datetime | None = None
+) -> ApprovalReading:
+    """What a waiting run acts on: expire the approval if it is due, then read it as it stands.
+
+    A message to the run is only a signal to call this; the row is the decision. One
+    transaction, two statements: the second reads after the first's lock wait, so a decision
+    that committed meanwhile is seen, never a stale `pending`.
+    """
+    with conn.transaction():
+        _expire(conn, approval_id, now)
+        row = conn.execute(Q["approval_read"], {"id": approval_id, "now": now}).fetchone()
+    if row is None:
+        raise ApprovalNotFound(approval_id)
+    remaining = row["remaining_s"]
+    return ApprovalReading(Approval.from_row(row), None if remaining is None else float(remaining))
 
 
 def approval_cancel_for_run(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psycopg
@@ -13,16 +14,34 @@ from ledgerloop.db.url import with_database
 DATABASE = "ledgerloop"
 
 
+def is_running(pgdata: Path) -> bool:
+    """Whether a server runs on `pgdata` (its postmaster.pid names a live process)."""
+    pid_file = pgdata / "postmaster.pid"
+    try:
+        pid = int(pid_file.read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def start_embedded(pgdata: Path, *, keep_running: bool = True) -> str:
     """Start (or attach to) the embedded server under `pgdata`; return a URL to its database.
 
-    The server outlives this process on purpose (pgserver's cleanup_mode=None), so the CLI,
-    the worker and a psql session can share it; `ledgerloop down` is not needed for a demo.
+    With keep_running the server outlives this process (pgserver's cleanup_mode=None), so
+    the worker, the CLI and a psql session can share it. Without it, a server this process
+    starts is stopped when the process exits; one that was already running is left running.
     """
     pgserver = import_pgserver()
 
     pgdata.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(pgdata.resolve(), cleanup_mode=None if keep_running else "stop")
+    keep = keep_running or is_running(pgdata)
+    server = pgserver.get_server(pgdata.resolve(), cleanup_mode=None if keep else "stop")
     admin_url: str = server.get_uri()
     with (
         translated(admin_url, "creating the embedded database"),

@@ -45,6 +45,15 @@ def describe_target(url: str) -> str:
     return f"{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
 
 
+#: Errors that mean a table, schema or function Ledgerloop expects is not installed.
+_SCHEMA_MISSING = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.InvalidSchemaName,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.UndefinedColumn,
+)
+
+
 @contextmanager
 def translated(url: str, action: str) -> Iterator[None]:
     """Turn driver errors met while doing `action` against `url` into LedgerloopErrors."""
@@ -57,6 +66,12 @@ def translated(url: str, action: str) -> Iterator[None]:
             if isinstance(wrapped.orig, psycopg.Error):
                 raise wrapped.orig from wrapped
             raise
+    except _SCHEMA_MISSING as exc:
+        raise SchemaOutdated(
+            f"the database {target} does not have the schema this version of Ledgerloop "
+            f"expects ({_first_line(exc)})",
+            fix="run `ledgerloop db upgrade`",
+        ) from exc
     except psycopg.errors.InsufficientPrivilege as exc:
         raise DatabasePrivilegeError(
             f"{action} on {target} was refused: {_first_line(exc)}",

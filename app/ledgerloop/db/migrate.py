@@ -1,5 +1,9 @@
 """`ledgerloop db upgrade` and the schema check that `ledgerloop up` runs first.
 
+Both cover three things: DBOS's schema (its migrations), Ledgerloop's (alembic), and
+Ledgerloop's objects on DBOS's tables (db/dbos_objects.py), which a DBOS migration may drop at
+any time and `db upgrade` re-creates.
+
 Upgrades take a session-level advisory lock and wait for it: five processes upgrading at once
 queue up and the later ones find nothing to do. There is deliberately no "proceed without the
 lock" fallback; a migration racing another is how schemas get corrupted.
@@ -19,10 +23,22 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from ledgerloop.db.connect import Conn, connect
+from ledgerloop.db.dbos_objects import dbos_objects_install, dbos_objects_problems
 from ledgerloop.db.errors import SchemaOutdated, translated
 from ledgerloop.db.url import sqlalchemy_url
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "migrations"
+
+def _migrations_dir() -> Path:
+    """Inside an installed package, the copy of migrations/ shipped as
+    `ledgerloop._migrations` (setup.py); in a checkout, the repository's migrations/."""
+    here = Path(__file__).resolve()
+    shipped = here.parents[1] / "_migrations"
+    if (shipped / "env.py").is_file():
+        return shipped
+    return here.parents[3] / "migrations"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 LOCK_KEY = 0x4C4C_4D49  # "LLMI": one constant key, so every upgrader contends for one lock
 SCHEMA = "ledgerloop"
 
@@ -33,10 +49,23 @@ class SchemaState:
     dbos_latest: int
     ours_current: str | None
     ours_head: str
+    #: Ledgerloop's objects on DBOS's tables that are missing or not current, in words.
+    dbos_objects: tuple[str, ...] = ()
+
+    @property
+    def migrated(self) -> bool:
+        return self.dbos_current >= self.dbos_latest and self.ours_current == self.ours_head
 
     @property
     def up_to_date(self) -> bool:
-        return self.dbos_current >= self.dbos_latest and self.ours_current == self.ours_head
+        return self.migrated and not self.dbos_objects
+
+    def describe(self) -> str:
+        versions = (
+            f"dbos {self.dbos_current}/{self.dbos_latest}, "
+            f"ledgerloop {self.ours_current or 'none'}/{self.ours_head}"
+        )
+        return "; ".join([versions, *self.dbos_objects])
 
 
 def _alembic_config() -> Config:
@@ -65,7 +94,14 @@ def schema_state(url: str) -> SchemaState:
                 ).get_current_revision()
     finally:
         engine.dispose()
-    return SchemaState(dbos_current, dbos_latest, ours, _head())
+    objects: list[str] = []
+    if ours is not None:  # before Ledgerloop's migrations there is nothing of ours to check
+        with (
+            translated(url, "checking ledgerloop's objects on dbos's tables"),
+            connect(url, autocommit=True) as conn,
+        ):
+            objects = dbos_objects_problems(conn)
+    return SchemaState(dbos_current, dbos_latest, ours, _head(), tuple(objects))
 
 
 def ensure_current(url: str) -> None:
@@ -73,8 +109,7 @@ def ensure_current(url: str) -> None:
     state = schema_state(url)
     if not state.up_to_date:
         raise SchemaOutdated(
-            f"the database schema is not current (dbos {state.dbos_current}/{state.dbos_latest}, "
-            f"ledgerloop {state.ours_current or 'none'}/{state.ours_head})",
+            f"the database schema is not current ({state.describe()})",
             fix="run `ledgerloop db upgrade`",
         )
 
@@ -104,18 +139,28 @@ def upgrade(url: str) -> bool:
             before = schema_state(url)
             if before.up_to_date:
                 return False
-            # DBOS logs each of its ~125 migrations at INFO; keep `db upgrade` to one line.
-            logging.getLogger("dbos").setLevel(logging.WARNING)
-            with translated(url, "migrating the dbos schema"):
-                DBOS.migrate(url, schema="dbos")
-            engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.NullPool)
-            try:
-                with translated(url, "migrating the ledgerloop schema"), engine.begin() as conn:
-                    cfg = _alembic_config()
-                    cfg.attributes["connection"] = conn
-                    command.upgrade(cfg, "head")
-            finally:
-                engine.dispose()
+            if not before.migrated:
+                # DBOS logs each of its ~125 migrations at INFO; keep `db upgrade` to one line.
+                logging.getLogger("dbos").setLevel(logging.WARNING)
+                with translated(url, "migrating the dbos schema"):
+                    DBOS.migrate(url, schema="dbos")
+                engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.NullPool)
+                try:
+                    with (
+                        translated(url, "migrating the ledgerloop schema"),
+                        engine.begin() as conn,
+                    ):
+                        cfg = _alembic_config()
+                        cfg.attributes["connection"] = conn
+                        command.upgrade(cfg, "head")
+                finally:
+                    engine.dispose()
+            # After DBOS's migrations, which may have rebuilt the tables these sit on.
+            with (
+                translated(url, "installing ledgerloop's objects on dbos's tables"),
+                connect(url, autocommit=True) as conn,
+            ):
+                dbos_objects_install(conn)
             return True
         finally:
             lock_conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))

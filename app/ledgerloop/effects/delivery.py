@@ -125,13 +125,23 @@ def _timeout(total_s: float) -> httpx.Timeout:
     return httpx.Timeout(total_s, connect=min(MAX_CONNECT_S, total_s / 2))
 
 
+def delivery_url(base_url: str, request: DeliveryRequest) -> str:
+    return base_url.rstrip("/") + request.path
+
+
 async def send(
-    client: httpx.AsyncClient, base_url: str, key: str, request: DeliveryRequest
+    client: httpx.AsyncClient,
+    base_url: str,
+    key: str,
+    request: DeliveryRequest,
+    trace_headers: dict[str, str] | None = None,
 ) -> Delivery:
-    """Make the call with the key in the policy's header; never raises for transport trouble."""
-    url = base_url.rstrip("/") + request.path
+    """Make the call with the key in the policy's header; never raises for transport trouble.
+
+    ``trace_headers`` (the delivery span's ``traceparent``) go with it."""
+    url = delivery_url(base_url, request)
     where = f"{request.method} {url}"
-    headers = {**request.headers, request.idempotency_header: key}
+    headers = {**request.headers, **(trace_headers or {}), request.idempotency_header: key}
     try:
         # The overall bound as well as httpx's per-phase ones: a server dribbling a byte at a
         # time would otherwise keep the call (and the effect's lease) alive forever.

@@ -31,6 +31,7 @@ from ledgerloop.effects.errors import (
 from ledgerloop.effects.hashing import request_hash as hash_action
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
 from ledgerloop.errors import LedgerloopError
+from ledgerloop.telemetry.effect_spans import settled_span
 
 Q = load_queries("ledgerloop.effects")
 
@@ -268,8 +269,11 @@ def effect_resolve(
                 raise RetryUnsafe(
                     f"effect {key!r} goes to {effect.destination!r}, which neither honours "
                     "idempotency keys nor offers a lookup: no automatic retry where the policy "
-                    "says it is unsafe",
-                    fix="check the destination yourself, then resolve as succeeded or failed",
+                    f"says it is unsafe (the policy file's destinations.{effect.destination} "
+                    "entry: honours_idempotency, lookup_path)",
+                    fix="check the destination yourself, then resolve as succeeded or failed; "
+                    "to make later retries safe, declare honours_idempotency or lookup_path for "
+                    "the destination in the policy file (docs/policy.md, Destinations)",
                 )
             if delivery.lookup_path is not None:
                 moved = conn.execute(
@@ -302,7 +306,18 @@ def effect_resolve(
             ).fetchone()
         # The row is locked, so the guarded update cannot miss.
         assert moved is not None, f"effect {key} changed under its lock"
-        return Effect.from_row(moved)
+        settled = Effect.from_row(moved)
+    if not retry:
+        # The effect's final outcome, on the run's trace (a retry's lands with its delivery).
+        settled_span(
+            settled.tool,
+            idempotency_key=key,
+            status=settled.status.value,
+            reason=settled.error or f"resolved by {operator}",
+            settled_by="operator",
+            tool_traceparent=(row["request"] or {}).get("traceparent"),
+        )
+    return settled
 
 
 def effects_cancel_pending(conn: Conn, run_id: uuid.UUID) -> list[str]:
@@ -313,3 +328,14 @@ def effects_cancel_pending(conn: Conn, run_id: uuid.UUID) -> list[str]:
     """
     rows = conn.execute(Q["effects_cancel_pending_for_run"], {"run_id": run_id}).fetchall()
     return [row["idempotency_key"] for row in rows]
+
+
+def effects_unsettled_runs(conn: Conn, run_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Of `run_ids`, the runs that own an effect not yet succeeded or failed."""
+    rows = conn.execute(Q["effects_unsettled_runs"], {"run_ids": run_ids}).fetchall()
+    return {row["run_id"] for row in rows}
+
+
+def outbox_delete_for_runs(conn: Conn, run_ids: list[uuid.UUID]) -> int:
+    """Retention: drop the closed outbox rows of these runs' settled effects."""
+    return conn.execute(Q["outbox_delete_for_runs"], {"run_ids": run_ids}).rowcount

@@ -87,7 +87,7 @@ class DeliveryRequest:
     With neither, an unknown outcome can only be settled by a person.
     """
 
-    path: str
+    path: str = ""
     method: str = "POST"
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -97,10 +97,18 @@ class DeliveryRequest:
     timeout_ms: int = 10_000
     max_attempts: int = 3
     deadline_s: float = 300.0
+    #: An MCP write: the tool to call on the destination (an MCP server), with `body` as its
+    #: arguments and the key in `_meta` under `idempotency_header`; `path` and `method` unused.
+    mcp_tool: str | None = None
+    #: An MCP read tool answering what a key created (the reconciler's lookup).
+    mcp_lookup_tool: str | None = None
+    #: W3C traceparent of the span that recorded the effect (its execute_tool span): the
+    #: relay's and reconciler's spans join the run's trace and link to it.
+    traceparent: str | None = None
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.path.startswith("/"):
+        if self.mcp_tool is None and not self.path.startswith("/"):
             problems.append(f"path must start with '/', not {self.path!r}")
         if self.method.upper() not in {"POST", "PUT", "PATCH", "DELETE"}:
             problems.append(f"method must be POST, PUT, PATCH or DELETE, not {self.method!r}")
@@ -128,7 +136,11 @@ class DeliveryRequest:
     @property
     def resend_safe(self) -> bool:
         """Whether an automatic resend can be made safe (by the key, or by a lookup first)."""
-        return self.honours_idempotency or self.lookup_path is not None
+        return (
+            self.honours_idempotency
+            or self.lookup_path is not None
+            or self.mcp_lookup_tool is not None
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "method": self.method.upper()}
@@ -146,7 +158,7 @@ class DeliveryRequest:
                 f"unknown delivery request field(s) {', '.join(unknown)}",
                 fix=f"use only {', '.join(sorted(known))}",
             )
-        if "path" not in value:
+        if "path" not in value and "mcp_tool" not in value:
             raise InvalidDeliveryRequest("a delivery request needs a path")
         try:
             return cls(**value)

@@ -276,3 +276,19 @@ SET status = 'failed', error = 'run cancelled before delivery', updated_at = now
 FROM closed
 WHERE e.idempotency_key = closed.idempotency_key
 RETURNING e.idempotency_key
+
+-- name: effects_unsettled_runs
+-- Of these runs, the ones that still own an effect nobody has settled: a purge keeps them,
+-- so no effect is ever left without its run.
+SELECT DISTINCT run_id
+FROM ledgerloop.activity_effect
+WHERE run_id = ANY(%(run_ids)s) AND status NOT IN ('succeeded', 'failed')
+
+-- name: outbox_delete_for_runs
+-- Retention: delivery plumbing of settled effects; the effect record keeps the audit trail.
+DELETE FROM ledgerloop.outbox o
+USING ledgerloop.activity_effect e
+WHERE o.idempotency_key = e.idempotency_key
+  AND e.run_id = ANY(%(run_ids)s)
+  AND e.status IN ('succeeded', 'failed')
+  AND o.status IN ('done', 'dead')

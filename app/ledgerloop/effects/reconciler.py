@@ -42,6 +42,10 @@ from ledgerloop.effects.ledger import Effect, Q
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
 from ledgerloop.effects.outbox import AConn, connect_async
 from ledgerloop.errors import LedgerloopError
+from ledgerloop.mcptools.calls import mcp_lookup
+from ledgerloop.mcptools.client import McpConnections
+from ledgerloop.telemetry.effect_spans import settled_span
+from ledgerloop.tools.policy import McpServer
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +179,9 @@ def decide(u: Unsettled, request: DeliveryRequest, answer: LookupAnswer | None) 
         u,
         EffectStatus.NEEDS_HUMAN,
         "outcome unknown, and the destination neither honours idempotency keys nor offers a "
-        "lookup: a person must check whether it happened",
+        f"lookup: a person must check whether it happened (declare honours_idempotency or "
+        f"lookup_path under destinations.{u.effect.destination} in the policy file, "
+        "docs/policy.md)",
         None,
     )
 
@@ -189,10 +195,16 @@ class Reconciler:
     """Use as `async with Reconciler(url, destinations) as r: await r.reconcile_once()`."""
 
     def __init__(
-        self, url: str, destinations: Mapping[str, str], config: ReconcilerConfig | None = None
+        self,
+        url: str,
+        destinations: Mapping[str, str],
+        config: ReconcilerConfig | None = None,
+        mcp_servers: Mapping[str, McpServer] | None = None,
     ) -> None:
         self.url = url
         self.destinations = dict(destinations)
+        self.mcp_servers = dict(mcp_servers or {})
+        self._mcp = McpConnections()
         self.config = config or ReconcilerConfig()
         self._conn: AConn | None = None
         self._client: httpx.AsyncClient | None = None
@@ -212,6 +224,7 @@ class Reconciler:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        await self._mcp.aclose()
         if self._client is not None:
             await self._client.aclose()
         if self._conn is not None:
@@ -271,7 +284,15 @@ class Reconciler:
                 u, _settle(u, EffectStatus.NEEDS_HUMAN, f"unreadable request: {exc}", None)
             )
         answer = None
-        if request.lookup_path is not None:
+        if request.mcp_lookup_tool is not None:
+            server = self.mcp_servers.get(u.effect.destination)
+            if server is None:
+                reason = f"cannot look up: unknown MCP server {u.effect.destination!r}"
+                return await self._apply(u, _settle(u, EffectStatus.NEEDS_HUMAN, reason, None))
+            answer = await mcp_lookup(
+                self._mcp, u.effect.destination, server, request.mcp_lookup_tool, u.effect.key
+            )
+        elif request.lookup_path is not None:
             base_url = self.destinations.get(u.effect.destination)
             if base_url is None:
                 known = ", ".join(sorted(self.destinations)) or "none"
@@ -328,6 +349,16 @@ class Reconciler:
         applied = await cursor.fetchone() is not None
         if applied:
             log.info("reconciled %s: %s (%s)", u.effect.key, decision.action, decision.reason)
+            if decision.status is not None:
+                # The effect's final outcome, on the run's trace.
+                settled_span(
+                    u.effect.tool,
+                    idempotency_key=u.effect.key,
+                    status=decision.status.value,
+                    reason=decision.reason,
+                    settled_by="reconciler",
+                    tool_traceparent=(u.request or {}).get("traceparent"),
+                )
         return applied
 
 
@@ -346,9 +377,10 @@ async def run_reconciler(
     stop: asyncio.Event,
     interval_s: float = 5.0,
     config: ReconcilerConfig | None = None,
+    mcp_servers: Mapping[str, McpServer] | None = None,
 ) -> None:
     """The reconciler as a service, inside `ledgerloop up` or alone."""
-    async with Reconciler(url, destinations, config) as reconciler:
+    async with Reconciler(url, destinations, config, mcp_servers) as reconciler:
         await reconciler.run(stop, interval_s)
 
 

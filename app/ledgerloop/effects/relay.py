@@ -29,7 +29,7 @@ import httpx
 import psycopg
 
 from ledgerloop import faults
-from ledgerloop.effects.delivery import Delivery, Verdict, send
+from ledgerloop.effects.delivery import Delivery, Verdict, delivery_url, send
 from ledgerloop.effects.errors import InvalidDeliveryRequest
 from ledgerloop.effects.ledger import COMPENSATION_SUFFIX
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
@@ -45,6 +45,11 @@ from ledgerloop.effects.outbox import (
 )
 from ledgerloop.effects.transport import LeanTransport
 from ledgerloop.errors import LedgerloopError
+from ledgerloop.mcptools.calls import call_tool
+from ledgerloop.mcptools.client import McpConnections
+from ledgerloop.mcptools.spans import call_facts, merge_sdk_spans
+from ledgerloop.telemetry.effect_spans import delivery_span, mcp_delivery_span
+from ledgerloop.tools.policy import McpServer
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +77,8 @@ class RelayConfig:
     #: Idle keep-alive connections close before a typical server's (uvicorn: 5 s), so a request
     #: is never written onto a socket the server is closing: that would read as "unknown".
     keepalive_expiry_s: float = 2.0
-    #: "lean": ledgerloop.effects.transport (about a tenth of httpx's CPU per call);
-    #: "httpx": httpx's own transport (proxies, HTTP/2). Both classify answers the same way.
+    #: "lean": ledgerloop.effects.transport (about a tenth of httpx's CPU per call); "httpx":
+    #: httpx's own transport (proxies, HTTP/2). Both classify answers the same way.
     transport: Literal["lean", "httpx"] = "lean"
 
 
@@ -189,10 +194,17 @@ class Relay:
     """Use as `async with Relay(url, destinations) as relay: await relay.run(stop)`."""
 
     def __init__(
-        self, url: str, destinations: Mapping[str, str], config: RelayConfig | None = None
+        self,
+        url: str,
+        destinations: Mapping[str, str],
+        config: RelayConfig | None = None,
+        mcp_servers: Mapping[str, McpServer] | None = None,
     ) -> None:
         self.url = url
         self.destinations = dict(destinations)
+        #: MCP servers by name: the destinations of MCP write tools (tools/call, not HTTP).
+        self.mcp_servers = dict(mcp_servers or {})
+        self._mcp = McpConnections()
         self.config = config or RelayConfig()
         #: Test signals: the listener is subscribed; the loop is waiting for work.
         self.listening = asyncio.Event()
@@ -245,6 +257,7 @@ class Relay:
         await self._close_resources()
 
     async def _close_resources(self) -> None:
+        await self._mcp.aclose()
         if self._client is not None:
             await self._client.aclose()
         for conn in (self._claim_conn, self._record_conn):
@@ -380,21 +393,72 @@ class Relay:
             request = DeliveryRequest.from_json(claimed.request)
         except InvalidDeliveryRequest as exc:
             return failure(claimed, exc.message, OutboxStatus.DEAD)
+        if request.mcp_tool is not None:
+            return await self._attempt_mcp(claimed, request)
         base_url = self.destinations.get(claimed.destination)
         if base_url is None:
             known = ", ".join(sorted(self.destinations)) or "none"
             return failure(
                 claimed,
-                f"unknown destination {claimed.destination!r}; this relay knows: {known}",
+                f"unknown destination {claimed.destination!r}; this relay knows: {known} "
+                "(destinations: in the policy file, or LEDGERLOOP_DESTINATIONS)",
                 OutboxStatus.DEAD,
             )
         faults.hit("relay.before_send")
         if claimed.key.endswith(COMPENSATION_SUFFIX):
             faults.hit("relay.before_send_compensation")
         assert self._client is not None
-        delivery = await send(self._client, base_url, claimed.key, request)
-        faults.hit("relay.after_send_before_record")
-        return decide(claimed, request, delivery, self.config)
+        with delivery_span(
+            request.method,
+            delivery_url(base_url, request),
+            idempotency_key=claimed.key,
+            attempt=claimed.effect_attempts,
+            tool_traceparent=request.traceparent,
+        ) as span:
+            delivery = await send(self._client, base_url, claimed.key, request, span.headers)
+            faults.hit("relay.after_send_before_record")
+            outcome = decide(claimed, request, delivery, self.config)
+            span.record(delivery.status_code, outcome.status.value, delivery.detail)
+        return outcome
+
+    async def _attempt_mcp(self, claimed: Claimed, request: DeliveryRequest) -> Outcome:
+        """An MCP write: tools/call with the key in `_meta`, classified like an HTTP call."""
+        server = self.mcp_servers.get(claimed.destination)
+        if server is None:
+            known = ", ".join(sorted(self.mcp_servers)) or "none"
+            return failure(
+                claimed,
+                f"unknown MCP server {claimed.destination!r}; this relay knows: {known}",
+                OutboxStatus.DEAD,
+            )
+        assert request.mcp_tool is not None
+        arguments = request.body if isinstance(request.body, dict) else {}
+        # The SDK's own client span would be a second span for this call (and a relay of its
+        # own, `ledgerloop relay`, has had no worker step install the merge yet).
+        merge_sdk_spans()
+        faults.hit("relay.before_send")
+        with mcp_delivery_span(
+            request.mcp_tool,
+            mcp=call_facts(server),
+            idempotency_key=claimed.key,
+            attempt=claimed.effect_attempts,
+            tool_traceparent=request.traceparent,
+        ) as span:
+            called = await call_tool(
+                self._mcp, claimed.destination, server, request.mcp_tool, arguments, key=claimed.key
+            )
+            faults.hit("relay.after_send_before_record")
+            delivery = called.delivery
+            outcome = decide(claimed, request, delivery, self.config)
+            if called.connection is not None:
+                span.connected(called.connection.session_id, called.connection.protocol_version)
+            span.record(
+                outcome.status.value,
+                delivery.detail,
+                rpc_code=called.rpc_code,
+                tool_error=delivery.verdict is Verdict.FAILED and called.rpc_code is None,
+            )
+        return outcome
 
     # -- recording ------------------------------------------------------------------------
 
@@ -457,9 +521,10 @@ async def run_relay(
     *,
     stop: asyncio.Event,
     config: RelayConfig | None = None,
+    mcp_servers: Mapping[str, McpServer] | None = None,
 ) -> None:
     """The relay as a service (`ledgerloop relay`, or a task inside `ledgerloop up`)."""
-    async with Relay(url, destinations, config) as relay:
+    async with Relay(url, destinations, config, mcp_servers) as relay:
         await relay.run(stop)
 
 

@@ -32,8 +32,11 @@ def messages_for(conn: Conn, run_id: uuid.UUID, topic: str | None = None) -> lis
 
     Each item: `message_id`, `topic`, `message` (the decoded value) and `serialization`.
     """
-    from dbos._serialization import DBOSPortableJSON, deserialize_value
+    from dbos import DBOSPortableJSONSerializer
 
+    # Every message to a run is portable JSON (the SQL send and the workers' serializer);
+    # anything else is refused rather than decoded, so nothing here is ever unpickled.
+    portable = DBOSPortableJSONSerializer()
     rows = conn.execute(
         "SELECT message_uuid, topic, message, serialization FROM dbos.notifications "
         "WHERE destination_uuid = %(id)s AND (%(topic)s::text IS NULL OR topic = %(topic)s) "
@@ -44,7 +47,7 @@ def messages_for(conn: Conn, run_id: uuid.UUID, topic: str | None = None) -> lis
         {
             "message_id": row["message_uuid"],
             "topic": row["topic"],
-            "message": deserialize_value(row["message"], row["serialization"], DBOSPortableJSON),
+            "message": portable.deserialize(_portable(row, portable.name())),
             "serialization": row["serialization"],
         }
         for row in rows
@@ -109,3 +112,13 @@ class RelayThread:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _portable(row: Mapping[str, Any], name: str) -> str | None:
+    if row["serialization"] != name:
+        raise ValueError(
+            f"message {row['message_uuid']} is {row['serialization']}, not {name}; "
+            "Ledgerloop reads portable JSON only"
+        )
+    message: str | None = row["message"]
+    return message

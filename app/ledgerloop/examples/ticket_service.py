@@ -51,7 +51,10 @@ def _ticket_json(ticket: Ticket) -> dict[str, object]:
     return ticket.model_dump(mode="json")
 
 
-async def _create(store: TicketStore, kind: Kind, ticket_in: TicketIn, key: str | None) -> Response:
+async def _create(
+    store: TicketStore, kind: Kind, ticket_in: TicketIn, key: str | None, traceparent: str | None
+) -> Response:
+    store.note_traceparent(traceparent)
     fault = store.begin_request(kind)
     if fault is not None and fault.mode in REFUSING_MODES:
         return refusal_response(fault.mode)
@@ -76,9 +79,11 @@ async def _create(store: TicketStore, kind: Kind, ticket_in: TicketIn, key: str 
 
 def _add_create_route(app: FastAPI, store: TicketStore, kind: Kind) -> None:
     async def create_ticket(
-        ticket_in: TicketIn, idempotency_key: IdempotencyKey = None
+        ticket_in: TicketIn,
+        idempotency_key: IdempotencyKey = None,
+        traceparent: Annotated[str | None, Header(max_length=256)] = None,
     ) -> Response:
-        return await _create(store, kind, ticket_in, idempotency_key)
+        return await _create(store, kind, ticket_in, idempotency_key, traceparent)
 
     app.add_api_route(
         f"/{kind}/tickets",
@@ -132,6 +137,11 @@ def create_app() -> FastAPI:
     @app.get("/_stats")
     async def stats() -> dict[str, object]:
         return store.stats()
+
+    @app.get("/_traceparents")
+    async def traceparents() -> list[str | None]:
+        """The W3C traceparent of every create request, in order (None: it had none)."""
+        return store.traceparents()
 
     @app.post("/_faults", status_code=201)
     async def add_fault(spec: FaultSpec) -> dict[str, object]:

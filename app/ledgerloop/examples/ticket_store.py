@@ -72,6 +72,8 @@ class TicketStore:
         self._created: dict[Kind, int] = dict.fromkeys(KINDS, 0)
         self._requests = 0
         self._closed: set[str] = set()
+        #: The W3C traceparent of each create request (None when it had none), in order.
+        self._traceparents: list[str | None] = []
 
     def reset(self) -> None:
         with self._lock:
@@ -83,6 +85,7 @@ class TicketStore:
             self._created = dict.fromkeys(KINDS, 0)
             self._requests = 0
             self._closed.clear()
+            self._traceparents.clear()
 
     def close(self, ticket_id: str) -> bool | None:
         """Close a ticket: True the first time, False when already closed, None if unknown.
@@ -139,6 +142,10 @@ class TicketStore:
         with self._lock:
             return self._tickets.get(ticket_id)
 
+    def all(self) -> list[Ticket]:
+        with self._lock:
+            return list(self._tickets.values())
+
     def idempotent_by_key(self, key: str) -> Ticket | None:
         with self._lock:
             record = self._idempotent.get(key)
@@ -170,3 +177,12 @@ class TicketStore:
                 "requests": self._requests,
                 "closed": len(self._closed),
             }
+
+    def traceparents(self) -> list[str | None]:
+        with self._lock:
+            return list(self._traceparents)
+
+    def note_traceparent(self, value: str | None) -> None:
+        """Keep a create request's trace context, so a demo or test can follow the trace."""
+        with self._lock:
+            self._traceparents.append(value)

@@ -22,6 +22,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ledgerloop.control.timeline import dbos_client
 from ledgerloop.db.connect import make_pool
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.http.errors import (
@@ -35,7 +36,6 @@ from ledgerloop.http.page import router as page_router
 from ledgerloop.http.routes_approvals import router as approvals_router
 from ledgerloop.http.routes_effects import router as effects_router
 from ledgerloop.http.routes_runs import router as runs_router
-from ledgerloop.runs.timeline import dbos_client
 
 #: The largest request body accepted (the SQL start_run's input limit is the same 256 KiB).
 MAX_BODY_BYTES = 256 * 1024

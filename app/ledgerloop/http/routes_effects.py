@@ -10,7 +10,8 @@ from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from ledgerloop.approvals.principals import OPERATOR, Principal
+from ledgerloop.approvals.preview import redact_secrets
+from ledgerloop.approvals.principals import OPERATOR, VIEWER, Principal
 from ledgerloop.db.connect import tenant_scope
 from ledgerloop.effects.ledger import Effect, effect_list, effect_resolve
 from ledgerloop.effects.messages import EffectStatus
@@ -66,7 +67,13 @@ class EffectOut(BaseModel):
     external_reference: str | None
     result: Any
     error: str | None
-    evidence: dict[str, Any] | None = Field(description="What the relay and reconciler saw")
+    evidence: dict[str, Any] | None = Field(
+        description=(
+            "What the relay and reconciler saw, with secrets hidden (credential-looking keys "
+            "at any depth, bearer tokens in text); null unless the caller holds the operator "
+            "or viewer role"
+        )
+    )
     attempts: int
     lease_until: datetime | None
     compensates: str | None
@@ -75,8 +82,18 @@ class EffectOut(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def of(cls, effect: Effect) -> EffectOut:
-        return cls.model_validate(effect, from_attributes=True)
+    def of(cls, effect: Effect, principal: Principal) -> EffectOut:
+        out = cls.model_validate(effect, from_attributes=True)
+        # Evidence holds whole delivery requests (bodies, headers): for the people who
+        # settle or audit effects, and even then with its secrets hidden.
+        shown = principal.role_for(EVIDENCE_ROLES) is not None and effect.evidence is not None
+        return out.model_copy(
+            update={"evidence": redact_secrets(effect.evidence) if shown else None}
+        )
+
+
+#: Who may read an effect's (redacted) evidence.
+EVIDENCE_ROLES = (OPERATOR, VIEWER)
 
 
 class EffectList(BaseModel):
@@ -93,7 +110,7 @@ def list_effects(
 ) -> EffectList:
     with tenant_scope(conn, principal.tenant_id):
         found = effect_list(conn, status=status, run_id=run_id, limit=limit)
-    return EffectList(effects=[EffectOut.of(e) for e in found])
+    return EffectList(effects=[EffectOut.of(e, principal) for e in found])
 
 
 @router.post(
@@ -120,4 +137,4 @@ def resolve(
             retry=body.retry is True,
             operator=f"{principal.name} (principal {principal.id})",
         )
-    return EffectOut.of(effect)
+    return EffectOut.of(effect, principal)

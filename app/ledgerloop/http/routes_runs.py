@@ -10,6 +10,8 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ledgerloop.approvals.principals import RUNNER, Principal
+from ledgerloop.control.cancel import cancel_run
+from ledgerloop.control.timeline import run_timeline
 from ledgerloop.db.connect import tenant_scope
 from ledgerloop.http.auth import Caller, Connection, with_role
 from ledgerloop.http.errors import (
@@ -19,11 +21,10 @@ from ledgerloop.http.errors import (
     responses,
     storable_text,
 )
-from ledgerloop.runs.cancel import cancel_run
-from ledgerloop.runs.start import start_run
+from ledgerloop.runs.start import MAX_INPUT_DEPTH, depth_problem, input_too_deep, start_run
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import Run, run_list, run_require
-from ledgerloop.runs.timeline import run_timeline
+from ledgerloop.telemetry.runtrace import run_start_span
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
@@ -34,7 +35,11 @@ class StartRun(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     agent: str = Field(min_length=1, max_length=64, description="A registered agent's name")
-    input: dict[str, Any] = Field(description="The run's input: a JSON object, at most 256 KiB")
+    input: dict[str, Any] = Field(
+        description=(
+            f"The run's input: a JSON object, at most 256 KiB and {MAX_INPUT_DEPTH} levels deep"
+        )
+    )
     conversation_id: str | None = Field(
         default=None,
         min_length=1,
@@ -50,6 +55,9 @@ class StartRun(BaseModel):
     @field_validator("input")
     @classmethod
     def _input(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Before anything else looks at it: the same limit as ledgerloop.start_run's.
+        if input_too_deep(value):
+            raise ValueError(depth_problem() + "; flatten it, or pass the id of a stored document")
         json_storable(value)
         return value
 
@@ -152,29 +160,35 @@ def start(
             fix="use one of the known agents, or register yours (LEDGERLOOP_AGENT_MODULES)",
         )
     run_input = body.run_input()
-    # As the owner role: start_run enqueues the workflow in schema dbos, where tenant
-    # sessions have no rights. The run is the caller's tenant's all the same.
-    with conn.transaction():
-        run_id = start_run(
-            conn,
-            agent=body.agent,
-            input=run_input,
-            idempotency_key=idempotency_key,
-            tenant_id=principal.tenant_id,
-        )
-        run = run_require(conn, run_id)
-        row = conn.execute("SELECT now() AS now").fetchone()
-    # created_at defaults to now(), the transaction's start: equal only for a run inserted by
-    # this very transaction, so a repeat (even a concurrent one) is never reported as created.
-    created = row is not None and run.created_at == row["now"]
-    if not created:
-        if run.agent != body.agent or run.input != run_input:
-            raise IdempotencyKeyReused(
-                f"Idempotency-Key {idempotency_key!r} already started run {run.id} with a "
-                "different agent or input",
-                fix="send the original request again, or use a new key for a new run",
+    # The request's span (in the caller's trace, if it sent one) links to the run's own trace.
+    with run_start_span(
+        "POST", "/v1/runs", incoming_traceparent=request.headers.get("traceparent")
+    ) as span:
+        # As the owner role: start_run enqueues the workflow in schema dbos, where tenant
+        # sessions have no rights. The run is the caller's tenant's all the same.
+        with conn.transaction():
+            run_id = start_run(
+                conn,
+                agent=body.agent,
+                input=run_input,
+                idempotency_key=idempotency_key,
+                tenant_id=principal.tenant_id,
             )
-        response.status_code = 200
+            run = run_require(conn, run_id)
+            row = conn.execute("SELECT now() AS now").fetchone()
+        # created_at defaults to now(), the transaction's start: equal only for a run inserted
+        # by this very transaction, so a repeat (even a concurrent one) is never reported as
+        # created.
+        created = row is not None and run.created_at == row["now"]
+        if not created:
+            if run.agent != body.agent or run.input != run_input:
+                raise IdempotencyKeyReused(
+                    f"Idempotency-Key {idempotency_key!r} already started run {run.id} with a "
+                    "different agent or input",
+                    fix="send the original request again, or use a new key for a new run",
+                )
+            response.status_code = 200
+        span.started(run.id, response.status_code or 201)
     return RunOut.of(run)
 
 
@@ -227,13 +241,15 @@ def cancel(
     run_id: uuid.UUID,
     principal: Runner,
     conn: Connection,
+    request: Request,
     body: CancelRun | None = None,
 ) -> CancellationOut:
-    # As the owner (cancelling touches DBOS's workflow row); cancel_run refuses another
-    # tenant's run as not found.
+    # As the owner (the run's cancel request is the owner's table); cancel_run refuses
+    # another tenant's run as not found. DBOS's cancel goes through the app's DBOS client.
     done = cancel_run(
         conn,
         run_id,
+        workflows=request.app.state.dbos,
         requested_by=f"{principal.name} (principal {principal.id})",
         reason=body.reason if body else None,
         tenant_id=principal.tenant_id,

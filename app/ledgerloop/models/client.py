@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,9 +16,68 @@ import anthropic
 from ledgerloop.config import Settings
 from ledgerloop.errors import ConfigError
 
-#: One attempt within this many seconds: a failed model call costs money and is rarely
-#: transient, so neither the SDK nor DBOS retries it (no hidden second retry layer).
-MODEL_CALL_TIMEOUT_S = 240.0
+log = logging.getLogger(__name__)
+
+# A sent model call gets LEDGERLOOP_MODEL_TIMEOUT_S (240 s) to answer. A call that was sent
+# and did not answer may have been billed: it is never sent again. Neither the SDK nor DBOS
+# retries anything (no hidden second retry layer); refusals are retried here.
+
+#: Refusals: the API said no before doing any work (rate limited, overloaded), or the
+#: connection was refused before the request was sent. Nothing was billed, so these, and
+#: only these, are tried again.
+REFUSAL_STATUSES = frozenset({429, 529})
+
+
+@dataclass(frozen=True)
+class RefusalRetry:
+    #: Attempts in all, the first included.
+    max_attempts: int = 5
+    #: The longest single wait, whatever Retry-After asks for.
+    max_wait_s: float = 60.0
+    #: The wait when the refusal names none, doubling per attempt up to max_wait_s.
+    first_wait_s: float = 1.0
+
+
+def _retry_after_s(exc: anthropic.APIStatusError) -> float | None:
+    """The server's Retry-After: `retry-after-ms`, else `retry-after` (seconds or a date)."""
+    headers = exc.response.headers
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def refusal_wait(exc: BaseException, attempt: int, policy: RefusalRetry) -> float | None:
+    """How long to wait before trying a refused call again; None when `exc` is not a refusal.
+
+    A timeout, a reset or any answer after the request was sent is not a refusal: that call
+    may have been billed and is never repeated.
+    """
+    backoff = min(policy.first_wait_s * 2 ** (attempt - 1), policy.max_wait_s)
+    if isinstance(exc, anthropic.APIStatusError) and exc.status_code in REFUSAL_STATUSES:
+        asked = _retry_after_s(exc)
+        return backoff if asked is None else min(asked, policy.max_wait_s)
+    # Only a connection that was never made: the SDK's transport raises ConnectError before
+    # it writes a byte (httpx's, or the SDK's bundled copy of it). A timeout is not one.
+    never_sent = (
+        isinstance(exc, anthropic.APIConnectionError)
+        and not isinstance(exc, anthropic.APITimeoutError)
+        and type(exc.__cause__).__name__ == "ConnectError"
+    )
+    return backoff if never_sent else None
 
 
 class Tier(StrEnum):
@@ -28,6 +91,7 @@ class ModelClient:
     tiers: dict[Tier, str]
     server_address: str
     server_port: int
+    retry: RefusalRetry = field(default_factory=RefusalRetry)
 
     def model_for(self, tier: Tier | str) -> str:
         try:
@@ -38,10 +102,32 @@ class ModelClient:
             ) from None
 
     async def create(self, **request: Any) -> dict[str, Any]:
-        """One messages.create; the whole response (tool_use blocks included) as JSON data."""
-        message = await self.client.messages.create(**request)
-        data: dict[str, Any] = message.model_dump(mode="json")
-        return data
+        """One messages.create; the whole response (tool_use blocks included) as JSON data.
+
+        A refusal (429, 529, connection refused) is tried again after the server's
+        Retry-After (or a doubling backoff), each wait capped, within `retry.max_attempts`;
+        anything else, a timeout after sending above all, is raised at once.
+        """
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                message = await self.client.messages.create(**request)
+            except Exception as exc:
+                wait = refusal_wait(exc, attempt, self.retry)
+                if wait is None or attempt >= self.retry.max_attempts:
+                    raise
+                log.info(
+                    "model call refused (%s); attempt %d of %d in %.1f s",
+                    getattr(exc, "status_code", type(exc).__name__),
+                    attempt + 1,
+                    self.retry.max_attempts,
+                    wait,
+                )
+                await asyncio.sleep(wait)
+                continue
+            data: dict[str, Any] = message.model_dump(mode="json")
+            return data
 
 
 def make_model_client(settings: Settings) -> ModelClient:
@@ -58,7 +144,7 @@ def make_model_client(settings: Settings) -> ModelClient:
         api_key=settings.anthropic_api_key or "scripted-model",
         base_url=base_url,
         max_retries=0,
-        timeout=MODEL_CALL_TIMEOUT_S,
+        timeout=settings.model_timeout_s,
         # Our `chat {model}` span is the one span per model call (with the GenAI attributes,
         # and never content unless opted in); the SDK's own span would duplicate it.
         # Trace-context propagation to the API stays on.
@@ -70,4 +156,8 @@ def make_model_client(settings: Settings) -> ModelClient:
         tiers={Tier.CHEAP: settings.model_cheap, Tier.STRONG: settings.model_strong},
         server_address=parts.hostname or "",
         server_port=parts.port or (443 if parts.scheme == "https" else 80),
+        retry=RefusalRetry(
+            max_attempts=settings.model_refusal_attempts,
+            max_wait_s=settings.model_refusal_max_wait_s,
+        ),
     )

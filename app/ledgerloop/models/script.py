@@ -33,10 +33,7 @@ class ScriptError(LedgerloopError, ValueError):
         where = f"{path}: {field}" if field else path
         super().__init__(
             f"{where}: {problem}",
-            fix=(
-                "see the header of app/ledgerloop/models/scripts/ops_demo.yaml"
-                " for the script format"
-            ),
+            fix="see the header of ledgerloop/models/scripts/ops_demo.yaml for the script format",
         )
 
 
@@ -64,6 +61,7 @@ class Reply(_Strict):
     message: str | None = None
     output_tokens: int | None = Field(default=None, ge=0)
     delay_ms: int = Field(default=0, ge=0)
+    retry_after_s: int | None = Field(default=None, ge=0, le=3600)
 
     @field_validator("tool_use", mode="before")
     @classmethod
@@ -91,8 +89,13 @@ def _check_reply(reply: Reply) -> None:
         if reply.then is not None and reply.then.is_error:
             raise ValueError("`then` must be an answer, not another error")
         return
-    if reply.times is not None or reply.then is not None or reply.message is not None:
-        raise ValueError("`times`, `then` and `message` need `status`")
+    if (
+        reply.times is not None
+        or reply.then is not None
+        or reply.message is not None
+        or reply.retry_after_s is not None
+    ):
+        raise ValueError("`times`, `then`, `message` and `retry_after_s` need `status`")
     if reply.empty and has_content:
         raise ValueError("`empty: true` cannot have `text` or `tool_use`")
     if not reply.empty and not has_content:

@@ -2,8 +2,8 @@
 
 It speaks enough of ``POST /v1/messages`` (non-streaming) for the real ``anthropic`` SDK to parse
 its replies, answers from a YAML script (see ``ledgerloop.models.script``) and records every
-request.
-``GET /_requests`` returns the record; ``POST /_reset`` clears it and the error-attempt counters.
+request. ``GET /_requests`` returns the record; ``POST /_reset`` clears it and the error-attempt
+counters.
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ class _Responder:
                 "x-api-key": bool(headers.get("x-api-key")),
                 "authorization": bool(headers.get("authorization")),
                 "anthropic-version": headers.get("anthropic-version"),
+                # W3C trace context, so a test can see which span a request belongs to.
+                "traceparent": headers.get("traceparent"),
             },
         }
         with self._lock:
@@ -178,8 +180,13 @@ class _Responder:
             self._attempts[(key, turn, model)] = attempt
             if reply.times is None or attempt <= reply.times or reply.then is None:
                 message = reply.message or f"scripted {reply.status} (attempt {attempt})"
-                # retry-after-ms: the SDK ignores `retry-after: 0` and backs off for ~0.5 s.
-                retry = {"retry-after": "0", "retry-after-ms": "1"} if reply.status == 429 else {}
+                if reply.retry_after_s is not None:
+                    retry = {"retry-after": str(reply.retry_after_s)}
+                elif reply.status == 429:
+                    # Retry-After in milliseconds: a client honouring it waits 1 ms.
+                    retry = {"retry-after": "0", "retry-after-ms": "1"}
+                else:
+                    retry = {}
                 delay_s = reply.delay_ms / 1000
                 return _error(reply.status, message, retry, delay_s), "error"
             reply = reply.then

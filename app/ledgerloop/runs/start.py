@@ -26,9 +26,47 @@ class InvalidRunInput(LedgerloopError):
     status_code: ClassVar[int] = 422
 
 
+#: The limits on a run's input, enforced alike by the SQL function (which every path calls)
+#: and, earlier and with the same words, by the HTTP API. Migration 0015 holds the SQL copy;
+#: tests/integration/test_input_limits.py checks that both refuse at the same place.
+MAX_INPUT_BYTES = 256 * 1024
+MAX_INPUT_DEPTH = 64
+
+
+def input_too_deep(value: Any, max_depth: int = MAX_INPUT_DEPTH) -> bool:
+    """Whether `value` nests objects and arrays more than `max_depth` levels deep.
+
+    Level by level, not recursively: a hostile document cannot exhaust the stack.
+    """
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            return True
+        children: list[Any] = []
+        for item in level:
+            inner = item.values() if isinstance(item, dict) else item
+            children.extend(child for child in inner if isinstance(child, dict | list))
+        level = children
+    return False
+
+
+def depth_problem(max_depth: int = MAX_INPUT_DEPTH) -> str:
+    """The refusal's wording, shared with the SQL function's."""
+    return f"input is nested more than {max_depth} levels deep, over the {max_depth}-level limit"
+
+
+class UnknownRole(LedgerloopError):
+    """The role to grant to does not exist."""
+
+    status_code: ClassVar[int] = 422
+
+
 #: Custom SQLSTATEs raised by Ledgerloop's SQL functions -> the error each one becomes.
 SQLSTATE_ERRORS: dict[str, type[LedgerloopError]] = {
     "LL001": InvalidRunInput,
+    "LL002": UnknownRole,
 }
 
 _START_RUN = (
@@ -76,3 +114,14 @@ def start_run(
     assert row is not None
     run_id: uuid.UUID = row["run_id"]
     return run_id
+
+
+def grant_start_run(conn: Conn, role: str) -> None:
+    """Let the database role `role` call ledgerloop.start_run from its own transactions.
+
+    Runs `ledgerloop.grant_start_run(role)` (migration 0015), as an administrator: the role
+    becomes a tenant session under row-level security and may enqueue DBOS workflows, and
+    nothing more (docs/sql_start_run.md, "Privileges"). Raises UnknownRole.
+    """
+    with sqlstate_translated():
+        conn.execute("SELECT ledgerloop.grant_start_run(%(role)s)", {"role": role})

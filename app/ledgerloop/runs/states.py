@@ -20,17 +20,30 @@ class RunStatus(StrEnum):
 
 S = RunStatus
 
-#: from -> the statuses it may move to. Everything not listed is refused.
+#: from -> the statuses it may move to. Everything not listed is refused. A status listed as
+#: its own target records an event without changing the status (an answer rejected and
+#: planning again, a second tool executing, another reconciling round): the history keeps
+#: every observable decision.
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     S.RECEIVED: frozenset({S.PLANNING, S.FAILED, S.CANCELLED}),
-    S.PLANNING: frozenset({S.EXECUTING, S.AWAITING_APPROVAL, S.SUCCEEDED, S.FAILED, S.CANCELLED}),
+    S.PLANNING: frozenset(
+        {S.PLANNING, S.EXECUTING, S.AWAITING_APPROVAL, S.SUCCEEDED, S.FAILED, S.CANCELLED}
+    ),
     # approved -> executing; rejected with on_reject=continue -> planning;
     # rejected with on_reject=cancel, or expired with on_timeout=cancel -> cancelled.
     S.AWAITING_APPROVAL: frozenset({S.EXECUTING, S.PLANNING, S.CANCELLED, S.FAILED}),
     S.EXECUTING: frozenset(
-        {S.PLANNING, S.RECONCILING, S.AWAITING_APPROVAL, S.SUCCEEDED, S.FAILED, S.CANCELLED}
+        {
+            S.EXECUTING,
+            S.PLANNING,
+            S.RECONCILING,
+            S.AWAITING_APPROVAL,
+            S.SUCCEEDED,
+            S.FAILED,
+            S.CANCELLED,
+        }
     ),
-    S.RECONCILING: frozenset({S.EXECUTING, S.PLANNING, S.FAILED, S.CANCELLED}),
+    S.RECONCILING: frozenset({S.RECONCILING, S.EXECUTING, S.PLANNING, S.FAILED, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),

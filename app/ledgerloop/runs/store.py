@@ -10,19 +10,21 @@ their own transaction.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json, Jsonb
 
 from ledgerloop.config import DEFAULT_TENANT
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
 from ledgerloop.errors import LedgerloopError
-from ledgerloop.runs.states import TERMINAL, InvalidTransition, RunStatus, check_move
+from ledgerloop.runs.states import TERMINAL, TRANSITIONS, InvalidTransition, RunStatus, check_move
+from ledgerloop.telemetry.runtrace import RunFacts
 
 Q = load_queries("ledgerloop.runs")
 
@@ -122,6 +124,7 @@ def run_create(
                 "sequence": 0,
                 "event_type": "received",
                 "payload": Jsonb({"agent": agent}),
+                "step": None,
             },
         )
         return run, True
@@ -146,17 +149,22 @@ def run_transition(
     event_type: str,
     payload: dict[str, Any] | None = None,
     state_patch: dict[str, Any] | None = None,
+    *,
+    step: str | None = None,
 ) -> Transition:
     """Move `run` (the caller's snapshot) to `target`, recording `event_type`.
 
+    `step` names the workflow step writing the event: a step runs at least once, and its
+    event is recorded once (a same-state event, which changes nothing else, is only told
+    apart from its own repeat this way). Without a step, an event equal to the run's latest
+    at the same status is the duplicate.
+
     Raises InvalidTransition for a move outside the table and StaleRun when the run moved on
-    and this event is not already its latest; returns DUPLICATE when it is.
+    and this event is not already recorded; returns DUPLICATE when it is.
     """
     payload = payload or {}
     with conn.transaction():
-        # No self-loops exist in the table, so a snapshot already at the target can only be
-        # this very event arriving again.
-        if run.status == target and _is_latest(conn, run, event_type, payload):
+        if _already_recorded(conn, run, target, event_type, payload, step):
             return Transition(Outcome.DUPLICATE, run)
         check_move(run.status, target, str(run.id))
         row = conn.execute(
@@ -178,28 +186,61 @@ def run_transition(
                     "sequence": moved.version,
                     "event_type": event_type,
                     "payload": Jsonb(payload),
+                    "step": step,
                 },
             )
             return Transition(Outcome.APPLIED, moved)
-    return _classify(conn, run, target, event_type, payload)
+    return _classify(conn, run, target, event_type, payload, step)
 
 
-def _is_latest(conn: Conn, run: Run, event_type: str, payload: dict[str, Any]) -> bool:
+def _already_recorded(
+    conn: Conn,
+    run: Run,
+    target: RunStatus,
+    event_type: str,
+    payload: dict[str, Any],
+    step: str | None,
+) -> bool:
+    if step is not None:
+        found = conn.execute(Q["run_event_by_step"], {"run_id": run.id, "step": step})
+        return found.fetchone() is not None
+    if run.status != target:
+        return False
     last = conn.execute(Q["run_event_last"], {"run_id": run.id}).fetchone()
     return bool(last and last["event_type"] == event_type and last["payload"] == payload)
 
 
 def _classify(
-    conn: Conn, seen: Run, target: RunStatus, event_type: str, payload: dict[str, Any]
+    conn: Conn,
+    seen: Run,
+    target: RunStatus,
+    event_type: str,
+    payload: dict[str, Any],
+    step: str | None,
 ) -> Transition:
     current = run_require(conn, seen.id)
-    if current.status == target and _is_latest(conn, current, event_type, payload):
+    if _already_recorded(conn, current, target, event_type, payload, step):
         return Transition(Outcome.DUPLICATE, current)
     if current.status != seen.status:
         # Judge the event against where the run really is, so a late approval of a
         # cancelled run is refused as invalid rather than offered a retry.
         check_move(current.status, target, str(current.id))
     raise StaleRun(seen.id, seen.version, current)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Conversation messages to save with a move: `messages` ({"role", "content"} each) at
+    sequence `first_sequence` on of the run's conversation `conversation_id`."""
+
+    conversation_id: str
+    first_sequence: int
+    messages: list[dict[str, Any]]
+
+
+def _compact(value: Any) -> str:
+    # Stored as JSON text (column type json): no spaces after separators.
+    return json.dumps(value, separators=(",", ":"))
 
 
 class RunStopped(LedgerloopError):
@@ -217,24 +258,64 @@ def run_ensure_status(
     event_type: str,
     payload: dict[str, Any] | None = None,
     state_patch: dict[str, Any] | None = None,
+    *,
+    step: str | None = None,
+    memory: Memory | None = None,
 ) -> Run:
-    """Bring the run to `target` unless it is already there; safe to repeat after a crash.
+    """Bring the run to `target` and record the event; safe to repeat after a crash.
 
     Workflow steps are at-least-once, so a step that moved the run and died before its
-    checkpoint runs again: finding the run already at `target` is then success, not an
-    error. A run that became terminal underneath (cancelled) raises RunStopped.
+    checkpoint runs again. With `step` (the writing step's name) the event is recorded once,
+    also when it leaves the status unchanged (a same-state event). Without it, finding the
+    run already at `target` is success and records nothing. A run that became terminal
+    underneath (cancelled) raises RunStopped; a move the table forbids, InvalidTransition.
+
+    One statement (run_advance) does it all under the run's row lock, so a concurrent cancel
+    is either before it (and this sees a terminal run) or after it. `memory`: conversation
+    messages that commit with the move (the same statement), or not at all.
     """
-    for _ in range(5):
+    row = conn.execute(
+        Q["run_advance"],
+        {
+            "id": run_id,
+            "status": target.value,
+            "allowed_from": [s.value for s in RunStatus if target in TRANSITIONS[s]],
+            "state_patch": Jsonb(state_patch or {}),
+            "event_type": event_type,
+            "payload": Jsonb(payload or {}),
+            "step": step,
+            "conversation_id": memory.conversation_id if memory else None,
+            "first_sequence": memory.first_sequence if memory else None,
+            "messages": Json(memory.messages, dumps=_compact) if memory else None,
+        },
+    ).fetchone()
+    if row is None:
+        raise RunNotFound(f"no run {run_id}", fix="check the run id")
+    if row["id"] is not None:
+        return Run.from_row({k: row[k] for k in _RUN_COLUMNS})
+    current = RunStatus(row["current"])
+    if row["duplicate"] or (step is None and current == target):
+        return run_require(conn, run_id)
+    if current in TERMINAL:
         run = run_require(conn, run_id)
-        if run.status == target:
+        if current == target:
             return run
-        if run.status in TERMINAL:
-            raise RunStopped(run)
-        try:
-            return run_transition(conn, run, target, event_type, payload, state_patch).run
-        except StaleRun:
-            continue  # someone else moved it (a cancel request); judge again from the top
-    raise StaleRun(run_id, run.version, run_require(conn, run_id))
+        raise RunStopped(run)
+    raise InvalidTransition(current, target, str(run_id))
+
+
+_RUN_COLUMNS = (
+    "id",
+    "tenant_id",
+    "agent",
+    "status",
+    "state",
+    "input",
+    "idempotency_key",
+    "version",
+    "created_at",
+    "updated_at",
+)
 
 
 def run_events(conn: Conn, run_id: uuid.UUID) -> list[RunEvent]:
@@ -254,6 +335,7 @@ def run_list(
 
 __all__ = [
     "InvalidTransition",
+    "Memory",
     "Outcome",
     "Run",
     "RunEvent",
@@ -269,3 +351,38 @@ __all__ = [
     "run_require",
     "run_transition",
 ]
+
+
+# -- which execution of a run is running (telemetry; see ledgerloop.telemetry.runtrace) --
+
+
+def run_execution_swap(
+    conn: Conn, run_id: uuid.UUID, execution: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Record the execution taking over a resumed run; return what the previous one left."""
+    row = conn.execute(
+        Q["run_execution_swap"], {"id": run_id, "execution": Jsonb(execution)}
+    ).fetchone()
+    previous: dict[str, Any] | None = row["previous"] if row else None
+    return previous
+
+
+def run_execution_end(conn: Conn, run_id: uuid.UUID, execution: dict[str, Any]) -> None:
+    """The running execution ended its own span (it hibernated)."""
+    conn.execute(Q["run_execution_end"], {"id": run_id, "execution": Jsonb(execution)})
+
+
+def run_executions_stopped(conn: Conn, executor_id: str) -> None:
+    """A worker stopping cleanly ended the spans of the runs it was executing."""
+    conn.execute(Q["run_executions_stopped"], {"executor_id": executor_id})
+
+
+def run_facts(run: Run) -> RunFacts:
+    """What the run's spans say about it (its root span starts at the run's creation)."""
+    return RunFacts(
+        str(run.id),
+        run.agent,
+        tenant_id=str(run.tenant_id),
+        conversation_id=str(run.input.get("conversation_id") or run.id),
+        created_ns=int(run.created_at.timestamp() * 1e9),
+    )

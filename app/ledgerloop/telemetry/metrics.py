@@ -92,3 +92,19 @@ class Instruments:
             unit=sc.UNIT_TURN,
             description="Model turns with neither text nor a tool call.",
         )
+
+    @cached_property
+    def lost_calls(self) -> Counter:
+        return self._meter.create_counter(
+            sc.METRIC_LOST_CALLS,
+            unit=sc.UNIT_CALL,
+            description="Model calls lost with their process: possibly sent, never journaled.",
+        )
+
+    @cached_property
+    def runs_swept(self) -> Counter:
+        return self._meter.create_counter(
+            sc.METRIC_RUNS_SWEPT,
+            unit=sc.UNIT_RUN,
+            description="Unfinished runs the sweeper settled (their workflow ended without them).",
+        )

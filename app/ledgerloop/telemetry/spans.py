@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
@@ -42,11 +41,11 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-from ledgerloop import __version__
 from ledgerloop.telemetry import content
 from ledgerloop.telemetry import semconv as sc
 from ledgerloop.telemetry.content import CaptureMode, capture_mode_from_env
 from ledgerloop.telemetry.metrics import Instruments
+from ledgerloop.version import __version__
 
 # Status descriptions are for humans scanning a trace, not for payloads.
 _MAX_DESCRIPTION = 512
@@ -70,6 +69,7 @@ class Telemetry:
         logger_provider: LoggerProvider | None = None,
         capture: CaptureMode | None = None,
     ) -> None:
+        self.tracer_provider = tracer_provider
         self.tracer = trace.get_tracer(
             sc.SCOPE_NAME, __version__, tracer_provider, schema_url=sc.SCHEMA_URL
         )
@@ -152,6 +152,9 @@ class AgentInvocation:
         self.output_tokens = 0
         self._usage_seen = False
         self.hibernated = False
+        #: A durable run's conversation and tenant, put on its chat and tool spans.
+        self.conversation_id: str | None = None
+        self.tenant_id: str | None = None
 
     @property
     def span_context(self) -> SpanContext:
@@ -282,6 +285,13 @@ class ChatRecorder:
         self._attrs = attrs
         self._usage: tuple[int, int] | None = None
         self._content: dict[str, Any] | None = None
+        self.error_type: str | None = None
+
+    def record_error(self, error_type: str, message: str) -> None:
+        """The call failed and the caller handles it without raising (a failure returned as
+        data): marks the span ERROR and puts ``error.type`` on the duration metric too."""
+        self.error_type = error_type
+        _set_error(self.span, error_type, message)
 
     def record_response(self, resp: Mapping[str, Any]) -> None:
         """Take an Anthropic Messages response in dict form (``model_dump()`` of the SDK's)."""
@@ -358,14 +368,17 @@ class ChatRecorder:
             metric_attrs[sc.ERROR_TYPE] = error_type
         ins.client_operation_duration.record(_elapsed_s(start_ns, end_ns), metric_attrs)
         if self._content is not None:
-            self._emit_details(error_type)
+            self._emit_details(error_type, end_ns)
 
-    def _emit_details(self, error_type: str | None) -> None:
+    def _emit_details(self, error_type: str | None, end_ns: int) -> None:
         attrs: dict[str, Any] = dict(self._attrs)
         if error_type:
             attrs[sc.ERROR_TYPE] = error_type
         attrs.update(self._content or {})
         self._tel.logger.emit(
+            # The event happened when the call ended; observed now (the same moment here).
+            timestamp=end_ns,
+            observed_timestamp=time.time_ns(),
             event_name=sc.EVENT_INFERENCE_DETAILS,
             severity_number=SeverityNumber.INFO,
             attributes=attrs,
@@ -423,6 +436,10 @@ def chat_span(
     invocation = _current_agent.get()
     if invocation is not None:
         invocation.inference_calls += 1
+        if invocation.conversation_id:
+            attrs[sc.GEN_AI_CONVERSATION_ID] = invocation.conversation_id
+        if invocation.tenant_id:
+            attrs[sc.LEDGERLOOP_TENANT_ID] = invocation.tenant_id
     start_ns = time.time_ns()
     span = tel.tracer.start_span(
         sc.chat_span_name(request_model),
@@ -443,144 +460,7 @@ def chat_span(
         if invocation is not None and recorder._usage is not None:
             invocation._add_usage(*recorder._usage)
         end_ns = time.time_ns()
-        recorder._finish(error_type, start_ns, end_ns)
-        span.end(end_time=end_ns)
-
-
-# --- execute_tool
-
-
-@dataclass(frozen=True, slots=True)
-class McpCall:
-    """MCP facts about a tool call, merged onto its ``execute_tool`` span.
-
-    The MCP conventions say an instrumentation that knows an outer execute_tool span exists
-    should add its attributes there instead of opening a second span; we are that outer span.
-    """
-
-    method_name: str = sc.MCP_METHOD_TOOLS_CALL
-    session_id: str | None = None
-    protocol_version: str | None = None
-    request_id: str | int | None = None
-    jsonrpc_version: str | None = None
-    network_transport: str | None = None
-    network_protocol_name: str | None = None
-    network_protocol_version: str | None = None
-    server_address: str | None = None
-    server_port: int | None = None
-
-    def attributes(self) -> Attrs:
-        attrs: Attrs = {sc.MCP_METHOD_NAME: self.method_name}
-        optional: dict[str, str | int | None] = {
-            sc.MCP_SESSION_ID: self.session_id,
-            sc.MCP_PROTOCOL_VERSION: self.protocol_version,
-            # A string on the wire attribute; absent when the id is null.
-            sc.JSONRPC_REQUEST_ID: None if self.request_id is None else str(self.request_id),
-            # Only when not the default 2.0, per the MCP conventions.
-            sc.JSONRPC_PROTOCOL_VERSION: None
-            if self.jsonrpc_version in (None, "2.0")
-            else self.jsonrpc_version,
-            sc.NETWORK_TRANSPORT: self.network_transport,
-            sc.NETWORK_PROTOCOL_NAME: self.network_protocol_name,
-            sc.NETWORK_PROTOCOL_VERSION: self.network_protocol_version,
-            sc.SERVER_ADDRESS: self.server_address,
-            sc.SERVER_PORT: self.server_port if self.server_address else None,
-        }
-        attrs.update({key: value for key, value in optional.items() if value is not None})
-        return attrs
-
-
-class ToolRecorder:
-    """Handle for one ``execute_tool`` span."""
-
-    def __init__(self, span: Span) -> None:
-        self.span = span
-        self.error_type: str | None = None
-
-    def set_effect_status(self, status: str) -> None:
-        """The effect ledger's status for this call (e.g. ``committed``, ``unknown``)."""
-        self.span.set_attribute(sc.LEDGERLOOP_EFFECT_STATUS, status)
-
-    def set_approval_id(self, approval_id: str) -> None:
-        self.span.set_attribute(sc.LEDGERLOOP_APPROVAL_ID, approval_id)
-
-    def record_error(
-        self, error_type: str, message: str, *, rpc_status_code: str | int | None = None
-    ) -> None:
-        """The tool failed without raising (e.g. a result sent back to the model as
-        ``is_error``). Marks the span ERROR; use ``semconv.MCP_TOOL_ERROR`` for an MCP
-        ``isError`` result and pass a JSON-RPC error code as ``rpc_status_code``.
-        """
-        self.error_type = error_type
-        _set_error(self.span, error_type, message)
-        if rpc_status_code is not None:
-            self.span.set_attribute(sc.RPC_RESPONSE_STATUS_CODE, str(rpc_status_code))
-
-
-@contextmanager
-def tool_span(
-    tool_name: str,
-    call_id: str,
-    *,
-    run_id: str,
-    step_name: str,
-    tool_type: str = sc.TOOL_TYPE_FUNCTION,
-    agent_name: str | None = None,
-    mcp: McpCall | None = None,
-    idempotency_key: str | None = None,
-    telemetry: Telemetry | None = None,
-) -> Iterator[ToolRecorder]:
-    """Open ``execute_tool {tool_name}`` (INTERNAL) around one tool execution.
-
-    Open it only when the tool body really runs: never for an act step answered from the
-    journal on replay. ``agent_name`` defaults to the enclosing ``agent_span``'s. With ``mcp``
-    the MCP attributes go on this span and no second span is made; the kind stays INTERNAL
-    (the conventions do not say which kind a merged span keeps). Records
-    ``gen_ai.execute_tool.duration`` on exit.
-    """
-    tel = telemetry or get_telemetry()
-    invocation = _current_agent.get()
-    if agent_name is None and invocation is not None:
-        agent_name = invocation.agent_name or None
-    attrs: Attrs = {
-        sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EXECUTE_TOOL,
-        sc.GEN_AI_TOOL_NAME: tool_name,
-        sc.GEN_AI_TOOL_TYPE: tool_type,
-        sc.GEN_AI_TOOL_CALL_ID: call_id,
-        sc.LEDGERLOOP_RUN_ID: run_id,
-        sc.LEDGERLOOP_STEP_NAME: step_name,
-    }
-    if agent_name:
-        attrs[sc.GEN_AI_AGENT_NAME] = agent_name
-    if idempotency_key:
-        attrs[sc.LEDGERLOOP_EFFECT_IDEMPOTENCY_KEY] = idempotency_key
-    if mcp is not None:
-        attrs.update(mcp.attributes())
-    if invocation is not None:
-        invocation.tool_calls += 1
-    start_ns = time.time_ns()
-    span = tel.tracer.start_span(
-        sc.tool_span_name(tool_name),
-        kind=SpanKind.INTERNAL,
-        attributes=attrs,
-        start_time=start_ns,
-    )
-    recorder = ToolRecorder(span)
-    try:
-        with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-            yield recorder
-    except BaseException as exc:
-        recorder.error_type = _exception_type(exc)
-        _set_error(span, recorder.error_type, str(exc))
-        raise
-    finally:
-        end_ns = time.time_ns()
-        metric_attrs: Attrs = {sc.GEN_AI_TOOL_NAME: tool_name, sc.GEN_AI_TOOL_TYPE: tool_type}
-        if agent_name:
-            metric_attrs[sc.GEN_AI_AGENT_NAME] = agent_name
-        if recorder.error_type:
-            metric_attrs[sc.ERROR_TYPE] = recorder.error_type
-        tel.instruments.execute_tool_duration.record(_elapsed_s(start_ns, end_ns), metric_attrs)
+        recorder._finish(error_type or recorder.error_type, start_ns, end_ns)
         span.end(end_time=end_ns)
 
 
@@ -596,6 +476,12 @@ def empty_turn(agent_name: str, request_model: str, *, telemetry: Telemetry | No
     if agent_name:
         attrs[sc.GEN_AI_AGENT_NAME] = agent_name
     (telemetry or get_telemetry()).instruments.empty_turns.add(1, attrs)
+
+
+def run_swept(reason: str, *, telemetry: Telemetry | None = None) -> None:
+    """Count a run the sweeper settled, by the reason it gave."""
+    attrs: Attrs = {sc.LEDGERLOOP_RUN_SWEEP_REASON: reason}
+    (telemetry or get_telemetry()).instruments.runs_swept.add(1, attrs)
 
 
 # --- persisting span contexts for links

@@ -1,9 +1,10 @@
 """Where test databases come from, and how each test gets a fresh one fast.
 
 Provider order: LEDGERLOOP_TEST_DATABASE_URL; else testcontainers' PostgresContainer when a
-Docker engine answers; else a throwaway cluster from local binaries. Each test gets its own
-database cloned from a migrated template (CREATE DATABASE ... TEMPLATE takes tens of ms, where
-migrating DBOS's 125 steps takes about a second).
+Docker engine answers (where the probe looks: testing/docker_engine.py); else a throwaway
+cluster from local binaries. Each test gets its own database cloned from a migrated template
+(CREATE DATABASE ... TEMPLATE takes tens of ms, where migrating DBOS's 125 steps takes about a
+second).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import psycopg
 from ledgerloop.db.cluster import LocalCluster
 from ledgerloop.db.migrate import upgrade
 from ledgerloop.db.url import with_database
+from ledgerloop.testing.docker_engine import find_docker_engine
 
 ENV_URL = "LEDGERLOOP_TEST_DATABASE_URL"
 
@@ -35,41 +37,44 @@ class PostgresServer:
     cluster: LocalCluster | None = None
 
 
-def _docker_answers() -> bool:
-    # Skip the client entirely when there is no engine to talk to: it is slow to give up and
-    # leaves a socket behind that pytest (rightly) reports.
-    if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").exists():
-        return False
+@contextmanager
+def _docker_host(host: str) -> Iterator[None]:
+    # testcontainers finds DOCKER_HOST and a context by itself, but not a rootless or Docker
+    # Desktop socket: point it at the engine the probe found, for as long as the container lives.
+    before = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = host
     try:
-        import docker
-
-        client = docker.from_env(timeout=2)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except Exception:
-        return False
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = before
 
 
 @contextmanager
 def postgres_server() -> Iterator[PostgresServer]:
-    """Yield a server by the provider order above; stop it afterwards if we started it."""
+    """Yield a server by the provider order above; stop it afterwards if we started it.
+
+    Its `source` names the provider, and for the local cluster which Docker hosts did not
+    answer, so a run that expected Docker says why it did without."""
     url = os.environ.get(ENV_URL)
     if url:
-        yield PostgresServer(url, "env")
+        yield PostgresServer(url, f"env ({ENV_URL})")
         return
-    if _docker_answers():
+    host, asked = find_docker_engine()
+    if host is not None:
         from testcontainers.postgres import PostgresContainer
 
-        with PostgresContainer("postgres:16-alpine", driver=None) as container:
-            yield PostgresServer(container.get_connection_url(), "testcontainers")
+        with _docker_host(host), PostgresContainer("postgres:16-alpine", driver=None) as container:
+            yield PostgresServer(container.get_connection_url(), f"testcontainers at {host}")
         return
+    why = f"no Docker engine answered at {', '.join(asked)}" if asked else "no Docker engine found"
     with tempfile.TemporaryDirectory(prefix="ledgerloop-pg-") as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster")
         cluster.start()
         try:
-            yield PostgresServer(cluster.url, "local-cluster", cluster)
+            yield PostgresServer(cluster.url, f"local-cluster ({why})", cluster)
         finally:
             cluster.destroy()
 

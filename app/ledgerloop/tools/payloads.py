@@ -67,3 +67,8 @@ def offload_if_large(
 
 def payload_get(conn: Conn, payload_id: uuid.UUID) -> dict[str, Any] | None:
     return conn.execute(Q["payload_get"], {"id": payload_id}).fetchone()
+
+
+def payloads_delete_for_runs(conn: Conn, run_ids: list[uuid.UUID]) -> int:
+    """Retention: drop the offloaded tool outputs of these runs."""
+    return conn.execute(Q["payloads_delete_for_runs"], {"run_ids": run_ids}).rowcount

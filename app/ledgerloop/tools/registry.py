@@ -2,6 +2,7 @@
 
 A read tool runs inline in its step. A write tool is a declared HTTP effect: the step only
 records the effect and its outbox row, and the relay delivers it with an idempotency key.
+A sandbox tool runs a command in an isolated sandbox (ledgerloop.sandbox).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 class ToolKind(StrEnum):
     READ = "read"
     WRITE = "write"
+    SANDBOX = "sandbox"
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,28 @@ class HttpEffect:
     compensate_path: str | None = None
 
 
+@dataclass(frozen=True)
+class SandboxCommand:
+    """What a sandbox tool runs: files written into /work first, then argv there."""
+
+    argv: tuple[str, ...]
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class McpEffect:
+    """A write tool of an MCP server, delivered by the relay as tools/call (docs/mcp.md)."""
+
+    destination: str  # the MCP server's name
+    tool: str
+    honours_idempotency: bool = False
+    lookup_tool: str | None = None
+    compensate_path: None = None
+
+
 ReadHandler = Callable[[Any, ToolContext], Awaitable[Any]]
 BodyBuilder = Callable[[Any], dict[str, Any]]
+CommandBuilder = Callable[[Any], SandboxCommand]
 
 
 @dataclass(frozen=True)
@@ -57,9 +79,10 @@ class Tool:
     input_model: type[BaseModel]
     kind: ToolKind
     handler: ReadHandler | None = None
-    effect: HttpEffect | None = None
+    effect: HttpEffect | McpEffect | None = None
     body: BodyBuilder | None = None
     preview: Callable[[Any], str] | None = field(default=None)
+    command: CommandBuilder | None = None
 
     def schema(self) -> dict[str, Any]:
         """The tool definition in the Messages API's format (read-only: it is shared)."""
@@ -108,5 +131,20 @@ def write_tool(
             body=body,
             preview=preview,
         )
+
+    return wrap
+
+
+def sandbox_tool(
+    name: str, description: str, input_model: type[BaseModel]
+) -> Callable[[CommandBuilder], Tool]:
+    """Decorate `command(args) -> SandboxCommand` into a tool that runs in a sandbox.
+
+    The policy names the backend, limits and files (tool_policy.yaml); the code only says
+    what to run.
+    """
+
+    def wrap(command: CommandBuilder) -> Tool:
+        return Tool(name, description, input_model, ToolKind.SANDBOX, command=command)
 
     return wrap

@@ -73,6 +73,24 @@
     node.dataset.approvalId = approval.id;
     part(".tool").textContent = preview.tool || approval.tool;
     part(".summary").textContent = preview.summary || "";
+    if (preview.arguments) {
+      // One row per argument, its value as JSON in a box of its own: where an argument
+      // begins and ends never depends on its text (escaped server-side, see preview.py).
+      for (const argument of preview.arguments) {
+        const row = document.createElement("tr");
+        const name = document.createElement("th");
+        name.textContent = argument.name;
+        const value = document.createElement("td");
+        const code = document.createElement("code");
+        code.className = "argument-value";
+        code.textContent = argument.value;
+        value.append(code);
+        row.append(name, value);
+        part(".arguments tbody").append(row);
+      }
+      part(".arguments").hidden = false;
+      part(".lines").hidden = true;
+    }
     for (const line of preview.lines || []) {
       const item = document.createElement("li");
       item.textContent = line;

@@ -86,9 +86,19 @@ def run_timeline(conn: Conn, run_id: uuid.UUID, *, steps: StepSource | None) -> 
     infos = (
         steps.list_workflow_steps(str(run_id), load_output=True, limit=MAX_ITEMS) if steps else []
     )
+    # A child episode's steps are the run's too (its think and tool steps, under its own
+    # workflow id): listed once per child, though the parent records it twice (start, result).
+    children = list(dict.fromkeys(i["child_workflow_id"] for i in infos if i["child_workflow_id"]))
+    child_entries = [
+        _step(info, workflow_id=child)
+        for child in children
+        if steps is not None
+        for info in steps.list_workflow_steps(child, load_output=False, limit=MAX_ITEMS)
+    ]
     entries = [
         *(_event(e) for e in events),
         *(_step(s) for s in infos),
+        *child_entries,
         *(_effect(e) for e in effects),
         *(_approval(a) for a in approvals),
     ]
@@ -110,7 +120,7 @@ def _ms(value: int | None) -> datetime | None:
     return datetime.fromtimestamp(value / 1000, UTC) if value is not None else None
 
 
-def _step(info: StepInfo) -> Entry:
+def _step(info: StepInfo, workflow_id: str | None = None) -> Entry:
     started = _ms(info["started_at_epoch_ms"])
     completed = _ms(info["completed_at_epoch_ms"])
     error = info["error"]
@@ -123,6 +133,8 @@ def _step(info: StepInfo) -> Entry:
         detail["error"] = str(error)[:_MAX_ERROR_CHARS]
     if info["child_workflow_id"]:
         detail["child_workflow_id"] = info["child_workflow_id"]
+    if workflow_id is not None:
+        detail["workflow_id"] = workflow_id  # a child episode's step
     # A step recorded without a start time (DBOS's own bookkeeping rows) sorts at its end.
     at = started or completed or datetime.now(UTC)
     return Entry(at, "step", info["function_name"], status, detail)

@@ -1,0 +1,596 @@
+"""Durable primitives: the steps of an agent run, callable from any Ledgerloop workflow.
+
+    memory_load(run_id)                  memory-load
+    think(run, i)                        think-{i}  [think-{i}-strong]
+    call_read_tool(run, i, call)         tool-{i}-{call_id}
+    wait_for_approval(run, i, call, t)   approve-{i}-{call_id}   + durable wait for the decision
+    write_effect(run, i, call, t, ok)    tool-{i}-{call_id}      + durable wait for the outcome
+    act(run, i, call)                    call_read_tool, or wait_for_approval (when the policy
+                                         asks) then write_effect
+    remember(run, messages)              (no step: the journal holds them until a save)
+    memory_save(run, i, messages, ...)   memory-save-{i}
+    finish(run, status, reason)          compensate-{call_id}...  finish
+
+The built-in loop (`ledgerloop.agent.loop`) is these calls in a `for` loop; a custom
+orchestration calls the same ones and gets the same step names, the same journal and the same
+guarantees: a model call is never paid twice, an effect is recorded once with its idempotency
+key and delivered through the outbox, and what runs is exactly what was approved.
+
+All of them are workflow code: call them from a DBOS workflow, never from a step. They are
+deterministic given the journal, so the code between them must be too (time comes from
+`run.now`, which only step results move). The state of the run lives in one `RunContext`
+that the caller passes to every call, never in hidden globals.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from dbos import DBOS
+
+from ledgerloop.agent import act_mcp, steps, tracing, write_steps
+from ledgerloop.agent.act_sandbox import act_sandbox, destroy_sandboxes, suspend_sandboxes
+from ledgerloop.agent.context import Approved, Ended, Message, RunContext, Stop, Thought
+from ledgerloop.agent.definition import get_agent
+from ledgerloop.agent.hibernation import wait_message
+from ledgerloop.agent.stepping import CODE_STEP, MODEL_STEP, run_step
+from ledgerloop.agent.steps import is_empty_turn, tool_result
+from ledgerloop.approvals.store import approval_topic
+from ledgerloop.effects.messages import EffectStatus
+from ledgerloop.failures import NONDETERMINISM, describe, error_name
+from ledgerloop.faults import hit
+from ledgerloop.models.client import Tier
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.runtime import get_runtime
+from ledgerloop.tools.policy import OnReject
+from ledgerloop.tools.registry import Tool, ToolKind
+
+log = logging.getLogger(__name__)
+
+
+# -- memory ------------------------------------------------------------------------------
+
+
+async def memory_load(run_id: str, trace: dict[str, Any] | None = None) -> RunContext | Ended:
+    """Step `memory-load`: read the run and its conversation, move it to planning."""
+    ctx: dict[str, Any] = await run_step(
+        "memory-load", CODE_STEP, steps.memory_load, run_id, trace or {}
+    )
+    if "terminal" in ctx:
+        return Ended(ctx["terminal"])
+    agent = get_agent(ctx["agent"])
+    assert agent is not None  # memory-load failed the run otherwise
+    messages: list[Message] = ctx["messages"]
+    run = RunContext(
+        run_id=run_id,
+        agent=agent,
+        tenant_id=ctx["tenant_id"],
+        conversation_id=ctx["conversation_id"],
+        deadline=ctx["deadline"],
+        now=ctx["now"],
+        messages=messages,
+        # The new user message is saved with the first turn; history by earlier runs.
+        unsaved=messages[ctx["history_len"] :],
+        trace=ctx.get("trace") or {},
+        created_ns=ctx.get("created_ns"),
+    )
+    if agent.mcp_servers:
+        await discover_mcp(run)
+    return run
+
+
+def remember(run: RunContext, new_messages: list[Message]) -> None:
+    """Add a turn's messages to the conversation without a step of their own.
+
+    A tool turn's messages are already in the journal (the think step's answer, the tool
+    steps' results), so a replay rebuilds them; they reach conversation memory with the run's
+    next save (memory_save, or finish). This keeps a read-tool turn at two durable commits.
+    """
+    run.messages.extend(new_messages)
+    run.unsaved.extend(new_messages)
+
+
+async def memory_save(
+    run: RunContext,
+    i: int,
+    new_messages: list[Message],
+    target: RunStatus,
+    event: str,
+    payload: dict[str, Any],
+) -> dict[str, Any]:
+    """Step `memory-save-{i}`: the turn's messages and the run's next status, in one commit."""
+    if target is RunStatus.SUCCEEDED and run.sandboxes:
+        await destroy_sandboxes(run)
+    batch = [*run.unsaved, *new_messages]
+    state = {"turn": i, **payload} if target is RunStatus.SUCCEEDED else {"turn": i}
+    saved: dict[str, Any] = await run_step(
+        f"{run.scope}memory-save-{i}",
+        CODE_STEP,
+        steps.memory_save,
+        run.run_id,
+        run.tenant_id,
+        run.conversation_id,
+        i,
+        run.saved,
+        batch,
+        target.value,
+        event,
+        payload,
+        state,
+    )
+    run.messages.extend(new_messages)
+    run.saved += len(batch)
+    run.unsaved = []
+    run.now = saved["now"]
+    run.status = target.value
+    return saved
+
+
+async def discover_mcp(run: RunContext) -> None:
+    """Step `mcp-discover`: the tools of the agent's MCP servers, listed once per run (the
+    journaled list is what every later execution of the run sees)."""
+    listed: dict[str, Any] = await run_step(
+        f"{run.scope}mcp-discover", CODE_STEP, act_mcp.discover, run.agent.name
+    )
+    run.mcp_tools = act_mcp.register_discovered(listed["tools"])
+    run.mcp_schemas = [act_mcp.schema_of(d) for d in run.mcp_tools.values()]
+
+
+# -- think -------------------------------------------------------------------------------
+
+
+async def think(
+    run: RunContext,
+    i: int,
+    tier: Tier | None = None,
+    *,
+    save_answer: bool = False,
+    empty_turns_before: int = 0,
+) -> Thought:
+    """Step `think-{i}`: one model call. An empty turn is asked once more of the strong tier
+    (step `think-{i}-strong`): the same tier would answer nothing again.
+
+    `save_answer`: an answer nothing may refuse (no answer validator, no sandbox) ends the
+    run as succeeded in the same step (steps.save_answer, recorded as `memory-save-{i}`, its
+    empty turns counted from `empty_turns_before`); `Thought.saved` then says so. An older
+    journal without that save answers without it, and the caller saves as before."""
+    save = save_answer and not run.scope and not run.sandboxes and not run.agent.validate_answer
+    before = empty_turns_before
+    result = await _think(run, i, tier or Tier(run.agent.tier), save=save, empty=before)
+    empty_turns = 0
+    if "response" in result and is_empty_turn(result["response"]):
+        empty_turns = 1
+        if result["tier"] != Tier.STRONG.value:
+            strong = Tier.STRONG
+            result = await _think(run, i, strong, suffix="-strong", save=save, empty=before + 1)
+    hit("loop.after_think")
+    run.now = result["now"]
+    if "error" in result:
+        return Thought([], error=result["error"], empty_turns=empty_turns)
+    # Only the content is kept: a run may wait hours for an approval next, and thousands of
+    # waiting runs should not each hold a whole response.
+    content: list[dict[str, Any]] = result["response"]["content"]
+    thought = Thought(content, empty=is_empty_turn(result["response"]), empty_turns=empty_turns)
+    if "saved" in result:
+        run.saved += len(run.unsaved) + 1
+        run.unsaved = []
+        run.messages.append(thought.message())
+        run.status = result["saved"]
+        return replace(thought, saved=True)
+    return thought
+
+
+async def _think(
+    run: RunContext, i: int, tier: Tier, suffix: str = "", *, save: bool = False, empty: int = 0
+) -> dict[str, Any]:
+    name = f"{run.scope}think-{i}{suffix}"
+    tracing.count_call("inference")
+    # Only the run's own agent moves the run (a scoped agent shares the run's status).
+    replan = run.status != RunStatus.PLANNING.value and not run.scope
+    # Journaled arguments stay as they were for a run without either (replays compare names,
+    # not arguments, but a shorter argument list is a smaller journal row).
+    extra: list[Any] = []
+    if run.mcp_schemas or replan or save:
+        extra = [run.mcp_schemas or None]
+    if replan or save:
+        extra.append(replan)
+    if save:
+        memory = {"conversation_id": run.conversation_id, "first_sequence": run.saved}
+        extra.append({"turn": i, "empty_turns": empty, "unsaved": run.unsaved, **memory})
+    result: dict[str, Any] = await run_step(
+        name,
+        MODEL_STEP,
+        steps.think,
+        run.run_id,
+        name,
+        run.agent.name,
+        tier.value,
+        run.messages,
+        *extra,
+    )
+    if replan:
+        run.status = RunStatus.PLANNING.value
+    return result
+
+
+# -- act ---------------------------------------------------------------------------------
+
+
+async def act(run: RunContext, i: int, call: dict[str, Any]) -> dict[str, Any] | Stop:
+    """Run one tool call of turn `i`: its tool result for the model, or a Stop."""
+    tracing.count_call("tool")
+    definition = run.mcp_tools.get(str(call.get("name")))
+    if definition is not None and definition["kind"] != ToolKind.WRITE.value:
+        return await _mcp_read(run, i, call, definition)
+    tool = act_mcp.as_tool(definition) if definition else run.agent.tool(str(call.get("name")))
+    if tool is not None and tool.kind is ToolKind.SANDBOX:
+        return await act_sandbox(run, i, call, tool)
+    if tool is None or tool.kind is not ToolKind.WRITE:
+        return await call_read_tool(run, i, call)
+    approved: Approved | None = None
+    if get_runtime().policy.for_write_tool(tool.name).may_require_approval:
+        decision = await wait_for_approval(run, i, call, tool)
+        if not isinstance(decision, Approved):
+            return decision
+        approved = decision
+        hit("loop.after_approval")
+    return await write_effect(run, i, call, tool, approved)
+
+
+async def _mcp_read(
+    run: RunContext, i: int, call: dict[str, Any], definition: dict[str, Any]
+) -> dict[str, Any]:
+    name = f"{run.scope}tool-{i}-{call['id']}"
+    result: dict[str, Any] = await run_step(
+        name, CODE_STEP, act_mcp.run_mcp_read, run.run_id, run.tenant_id, name, definition, call
+    )
+    return result
+
+
+async def call_read_tool(run: RunContext, i: int, call: dict[str, Any]) -> dict[str, Any]:
+    """Step `tool-{i}-{call_id}`: a read tool, inline, with the policy's timeout and retries.
+    An unknown tool or bad arguments come back as an error tool result for the model."""
+    name = f"{run.scope}tool-{i}-{call['id']}"
+    result: dict[str, Any] = await run_step(
+        name, CODE_STEP, steps.run_read_tool, run.run_id, run.tenant_id, name, run.agent.name, call
+    )
+    return result
+
+
+async def wait_for_approval(
+    run: RunContext, i: int, call: dict[str, Any], tool: Tool
+) -> Approved | Stop | dict[str, Any]:
+    """Step `approve-{i}-{call_id}`, then a durable wait for a person's decision.
+
+    Messages wake; records decide: whatever ends a wait (the decision's message, anyone
+    else's, the expiry), step `approve-{i}-{call_id}-{n}` reads the approval row (expiring it
+    when due, by the database's clock) and the run acts on what the row says.
+
+    Approved: the exact action's hash, for write_effect (with no approval id when the
+    policy's `requires_approval: {when: ...}` does not hold for this call). A tool result
+    (the arguments are invalid, or the policy says on_reject: continue): hand it to the
+    model. A Stop: the
+    approval expired, or the policy says on_reject: cancel.
+    """
+    call_id = str(call["id"])
+    policy = get_runtime().policy.for_write_tool(tool.name)
+    if run.sandboxes:
+        # A run that waits for a person holds no sandbox: its /work becomes a payload, before
+        # the approval exists (so nobody sees a pending approval with a sandbox still up).
+        await suspend_sandboxes(run, f"{i}-{call_id}")
+    step = f"{run.scope}approve-{i}-{call_id}"
+    seen: dict[str, Any] = await run_step(
+        step,
+        CODE_STEP,
+        write_steps.request_approval,
+        run.run_id,
+        run.tenant_id,
+        run.deadline,
+        run.agent.name,
+        tool.name,
+        call,
+        act_mcp.definition_for(run.mcp_tools, tool),
+    )
+    if "invalid" in seen:
+        return tool_result(call_id, seen["invalid"], is_error=True)
+    if seen.get("required") is False:
+        # The policy's condition does not hold for these arguments (decided, and journaled,
+        # by the step): the action runs without a person, under its own hash.
+        return Approved(seen["action_hash"], None)
+    run.status = RunStatus.AWAITING_APPROVAL.value
+    approval_id, action_hash = seen["approval_id"], seen["action_hash"]
+    since: float | None = seen.get("requested_at")
+    if seen["status"] != "pending":
+        # Decided before this execution reached the wait: the request was recorded, then the
+        # worker died before its step's checkpoint, and the decision came meanwhile. The run
+        # waited all the same, from the request to the decision.
+        tracing.waited(
+            "approval",
+            tool.name,
+            since,
+            was_replayed=tracing.step_replayed(),
+            ended_at=seen.get("decided_at"),
+            approval_id=approval_id,
+            decision=seen["status"],
+        )
+    wakes = 0
+    while seen["status"] == "pending":
+        await wait_message(
+            approval_topic(uuid.UUID(approval_id)), _until(seen, seen["wait_s"], run.deadline)
+        )
+        was_replayed = tracing.wait_replayed()
+        wakes += 1
+        seen = await run_step(
+            f"{step}-{wakes}",
+            CODE_STEP,
+            write_steps.check_approval,
+            run.run_id,
+            approval_id,
+            action_hash,
+        )
+        tracing.waited(
+            "approval",
+            tool.name,
+            since,
+            was_replayed=was_replayed,
+            approval_id=approval_id,
+            decision=seen["status"],
+        )
+        since = None  # a later wait starts when this one ended
+        if seen["status"] == "pending" and seen["now"] >= run.deadline:
+            return Stop(RunStatus.FAILED, "deadline_exceeded")
+    status = seen["status"]
+    if status == "approved":
+        return Approved(action_hash, approval_id)
+    if status == "expired":
+        # Capped by the run's deadline (to the microsecond the database keeps): the run's
+        # time ran out, not the approver's.
+        if (seen["expires_at"] or 0) >= run.deadline - 0.001:
+            return Stop(RunStatus.FAILED, "deadline_exceeded")
+        return Stop(RunStatus.CANCELLED, "approval_expired", {"approval_id": approval_id})
+    if status != "rejected":
+        # cancelled (the run is being cancelled), superseded, or a record that does not bear
+        # out an approval of this action: nothing runs.
+        details = {"approval_id": approval_id, "approval_status": status}
+        if "problem" in seen:
+            details["problem"] = seen["problem"]
+        target = RunStatus.CANCELLED if status == "cancelled" else RunStatus.FAILED
+        return Stop(target, f"approval_{status}", details)
+    reason = seen.get("reason") or "no reason given"
+    who = seen.get("decided_by") or "an approver"
+    if policy.on_reject is OnReject.CANCEL:
+        return Stop(
+            RunStatus.CANCELLED,
+            "approval_rejected",
+            {"approval_id": approval_id, "rejection_reason": reason},
+        )
+    await run_step(
+        f"{step}-rejected",
+        CODE_STEP,
+        steps.transition,
+        run.run_id,
+        RunStatus.PLANNING.value,
+        "approval_rejected",
+        {"approval_id": approval_id, "reason": reason, "decided_by": who},
+        f"{step}-rejected",
+    )
+    run.status = RunStatus.PLANNING.value
+    return tool_result(call_id, f"rejected by {who}: {reason}", is_error=True)
+
+
+def _until(seen: dict[str, Any], wait_s: float | None, cap: float) -> float:
+    """The epoch a wait ends at: `wait_s` after the step that measured it, at most `cap`.
+    Taken from step results only, so a replay waits on the same terms."""
+    return cap if wait_s is None else min(seen["now"] + wait_s, cap)
+
+
+async def write_effect(
+    run: RunContext, i: int, call: dict[str, Any], tool: Tool, approved: Approved | None
+) -> dict[str, Any] | Stop:
+    """Step `tool-{i}-{call_id}`: the effect and its outbox row in one commit (refused unless
+    the approval row covers exactly this action), then a durable wait for its outcome.
+
+    Messages wake; records decide: after every wake, step `outcome-{i}-{call_id}-{n}` reads
+    the effect row; while the outcome is unknown the run waits in reconciling (one event per
+    round). A succeeded effect with a compensating action is remembered in `run.compensable`.
+    """
+    call_id = str(call["id"])
+    name = f"{run.scope}tool-{i}-{call_id}"
+    recorded: dict[str, Any] = await run_step(
+        name,
+        CODE_STEP,
+        write_steps.record_effect,
+        run.run_id,
+        run.tenant_id,
+        name,
+        run.agent.name,
+        tool.name,
+        call,
+        approved.approval_id if approved else None,
+        act_mcp.definition_for(run.mcp_tools, tool),
+    )
+    if "result" in recorded:
+        result: dict[str, Any] = recorded["result"]
+        return result
+    run.status = RunStatus.EXECUTING.value
+    hit("loop.after_effect_recorded")
+    key: str = recorded["key"]
+    if "outcome" in recorded:
+        return _settled(run, call_id, key, tool, recorded, recorded["outcome"])
+    since: float | None = recorded.get("recorded_at")  # when the durable wait began
+    wakes = rounds = 0
+    previous: list[Any] | None = None
+    while True:
+        # A message says the effect may have changed; its row says what it is. A wake with no
+        # message (the deadline, or someone else's message consumed) is judged the same way,
+        # by the step's clock.
+        await wait_message(key, run.deadline)
+        was_replayed = tracing.wait_replayed()
+        wakes += 1
+        step = f"{run.scope}outcome-{i}-{call_id}-{wakes}"
+        seen: dict[str, Any] = await run_step(
+            step,
+            CODE_STEP,
+            write_steps.read_outcome,
+            run.run_id,
+            step,
+            key,
+            True,
+            previous,
+            rounds + 1,
+        )
+        tracing.waited(
+            "effect",
+            tool.name,
+            since,
+            was_replayed=was_replayed,
+            idempotency_key=key,
+            effect_status=seen["status"],
+            error_type=write_steps.WAIT_ERRORS.get(seen["status"]),
+        )
+        since = None  # a later round's wait starts when the previous one ended
+        if seen["status"] in write_steps.SETTLED:
+            return _settled(run, call_id, key, tool, recorded, seen["outcome"])
+        if seen["now"] >= run.deadline:
+            return Stop(RunStatus.FAILED, "deadline_exceeded", {"waiting_for_effect": key})
+        # pending or started (the message was not the relay's), outcome_unknown or
+        # needs_human (reconciling): wait for the next change.
+        previous = [seen["status"], seen["attempts"]]
+        rounds += seen["round_recorded"]
+        if seen["round_recorded"]:
+            run.status = RunStatus.RECONCILING.value
+
+
+def _settled(
+    run: RunContext,
+    call_id: str,
+    key: str,
+    tool: Tool,
+    recorded: dict[str, Any],
+    outcome: dict[str, Any],
+) -> dict[str, Any]:
+    """The tool result of a succeeded or failed effect."""
+    if outcome["status"] == EffectStatus.FAILED.value:
+        return tool_result(call_id, outcome["error"] or "failed", is_error=True)
+    # Whether it can be undone was decided by the recording step (the policy's destination
+    # may say so); a journal from before that records nothing and the code's word stands.
+    compensable = recorded.get("compensable")
+    if compensable is None:
+        compensable = tool.effect is not None and bool(tool.effect.compensate_path)
+    if compensable:
+        run.compensable.append(
+            {
+                "call_id": call_id,
+                "key": key,
+                "agent": run.agent.name,
+                "tool": tool.name,
+                "ref": outcome["external_reference"],
+            }
+        )
+    content = json.dumps(outcome["result"]) if outcome["result"] is not None else "ok"
+    return tool_result(call_id, content)
+
+
+# -- the end -----------------------------------------------------------------------------
+
+
+async def finish(
+    run: RunContext, target: RunStatus, reason: str, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Step `finish`: the run's terminal status with its reason, and the conversation not yet
+    in memory, in one commit. A failed or cancelled run first undoes its compensable effects
+    (steps `compensate-{call_id}`), and any run destroys its sandboxes (steps
+    `sandbox-destroy-{n}`)."""
+    payload = {"reason": reason, **(details or {})}
+    if target in (RunStatus.FAILED, RunStatus.CANCELLED) and run.compensable:
+        payload["compensations"] = await compensate(run.run_id, run.compensable, run.agent.name)
+    if run.sandboxes:
+        await destroy_sandboxes(run)
+    # The conversation not yet in memory commits with the terminal status. A scoped agent's
+    # conversation is its own and never saved.
+    memory = (
+        {
+            "tenant_id": run.tenant_id,
+            "conversation_id": run.conversation_id,
+            "first_sequence": run.saved,
+            "messages": run.unsaved,
+        }
+        if run.unsaved and not run.scope
+        else None
+    )
+    await run_step(
+        "finish", CODE_STEP, steps.finish, run.run_id, target.value, reason, payload, memory
+    )
+    if memory is not None:
+        run.saved += len(run.unsaved)
+        run.unsaved = []
+    return {"status": target.value, **payload}
+
+
+async def end_after_failure(run_id: str, run: RunContext | None, exc: Exception) -> dict[str, Any]:
+    """What a run's workflow does with an exception nobody planned for (wrap the workflow's
+    body in `try`, and hand this every Exception, with the run's context once it has one).
+
+    A failure nobody planned for (a tool's KeyError, a step out of its retry budget) ends the
+    run failed with reason internal_error, after its compensations; the model is told nothing.
+    A run cancelled underneath was settled by whoever cancelled it. A journal that no longer
+    matches the code is re-raised: no step may be added, and the sweeper settles the run.
+    """
+    name = error_name(exc)
+    if name in NONDETERMINISM:
+        raise exc
+    if name == "RunStopped":
+        return {"status": "stopped"}
+    log.warning("run %s failed: %s", run_id, describe(exc), exc_info=exc)
+    details = {"error": describe(exc)}
+    if run is not None:
+        return await finish(run, RunStatus.FAILED, "internal_error", details)
+    payload = {"reason": "internal_error", **details}
+    await run_step(
+        "finish", CODE_STEP, steps.finish, run_id, RunStatus.FAILED.value, "internal_error", payload
+    )
+    return {"status": RunStatus.FAILED.value, **payload}
+
+
+async def compensate(
+    run_id: str, compensable: list[dict[str, Any]], agent_name: str = ""
+) -> list[dict[str, Any]]:
+    """Undo the run's compensable effects, newest first, each as a new effect; wait for each.
+
+    A compensation that fails is parked for a person by the ledger; the run does not wait
+    for that person longer than the tool's policy deadline, and the parked effect keeps its
+    owner (this run) for whoever resolves it.
+    """
+    outcomes = []
+    for item in reversed(compensable):
+        name = f"compensate-{item['call_id']}"
+        seen: dict[str, Any] = await run_step(
+            name,
+            CODE_STEP,
+            write_steps.record_compensation,
+            run_id,
+            item.get("agent") or agent_name,
+            item["tool"],
+            item["key"],
+            item["ref"],
+        )
+        hit("loop.after_compensation_recorded")
+        # Not capped by the run's deadline: a run failing for its deadline still undoes.
+        wait_s = get_runtime().policy.for_write_tool(item["tool"]).deadline_s
+        until = seen["now"] + wait_s
+        wakes = 0
+        while seen["status"] not in write_steps.SETTLED and seen["now"] < until:
+            await DBOS.recv_async(seen["key"], max(0.0, until - time.time()))
+            wakes += 1
+            check = f"{name}-{wakes}"
+            seen = await run_step(
+                check, CODE_STEP, write_steps.read_outcome, run_id, check, seen["key"], False
+            )
+        outcomes.append({"key": seen["key"], "status": seen["status"]})
+    compensable.clear()
+    return outcomes

@@ -1,0 +1,517 @@
+"""The step bodies of the write path: approval request, effect record, compensation record.
+
+The orchestration around them (which step runs when, the durable waits) is in
+`ledgerloop.agent.primitives`; these bodies only touch the database, each at least once and
+idempotently.
+
+Messages wake; records decide. A DBOS message is only a signal (any role holding DBOS's grants
+can send one): after every wake the run reads the approval row (`check_approval`) or the effect
+row (`read_outcome`) and acts on what it read.
+
+The action hash is computed inside steps (it includes the policy version, which a deploy may
+change), and the tool step records no effect unless, in its own transaction, the approval row
+is approved by a principal for exactly that hash: what runs is exactly what was approved.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ledgerloop.agent import dbos_waiters
+from ledgerloop.agent.act_mcp import as_tool, mcp_call_facts
+from ledgerloop.agent.definition import get_agent
+from ledgerloop.agent.stepping import db_call
+from ledgerloop.agent.steps import tool_result
+from ledgerloop.approvals.preview import render_preview
+from ledgerloop.approvals.records import Approval, ApprovalStatus
+from ledgerloop.approvals.store import approval_check, approval_get, approval_request
+from ledgerloop.db.connect import Conn
+from ledgerloop.effects.hashing import idempotency_key, request_hash
+from ledgerloop.effects.ledger import (
+    COMPENSATION_SUFFIX,
+    Effect,
+    compensation_begin,
+    effect_begin,
+    effect_list,
+    effect_require,
+)
+from ledgerloop.effects.messages import DeliveryRequest, EffectStatus
+from ledgerloop.faults import hit
+from ledgerloop.mcptools.client import META_IDEMPOTENCY_KEY
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.runs.store import run_ensure_status, run_require
+from ledgerloop.runtime import get_runtime
+from ledgerloop.telemetry import semconv as sc
+from ledgerloop.telemetry import tool_span
+from ledgerloop.telemetry.runtrace import span_traceparent
+from ledgerloop.tools.policy import EffectFacts, OnTimeout, ToolPolicy
+from ledgerloop.tools.registry import HttpEffect, McpEffect, Tool
+
+log = logging.getLogger(__name__)
+
+
+def _target(tool: Tool) -> str:
+    effect = tool.effect
+    assert effect is not None
+    if isinstance(effect, McpEffect):
+        return f"mcp {effect.destination} tools/call {effect.tool}"
+    return f"{effect.method} {effect.destination}{effect.path}"
+
+
+def _delivery(
+    tool: Tool, body: Any, policy: ToolPolicy, traceparent: str | None
+) -> DeliveryRequest:
+    effect = tool.effect
+    limits = {
+        "timeout_ms": policy.timeout_ms,
+        "max_attempts": policy.max_retries + 1,
+        "deadline_s": policy.deadline_s,
+        "traceparent": traceparent,
+    }
+    if isinstance(effect, McpEffect):
+        return DeliveryRequest(
+            body=body,
+            mcp_tool=effect.tool,
+            mcp_lookup_tool=effect.lookup_tool,
+            idempotency_header=META_IDEMPOTENCY_KEY,
+            honours_idempotency=effect.honours_idempotency,
+            **limits,  # type: ignore[arg-type]
+        )
+    assert effect is not None
+    facts = effect_facts(tool)
+    return DeliveryRequest(
+        path=effect.path,
+        method=effect.method,
+        body=body,
+        idempotency_header=facts.idempotency_header,
+        honours_idempotency=facts.honours_idempotency,
+        lookup_path=facts.lookup_path,
+        **limits,  # type: ignore[arg-type]
+    )
+
+
+def effect_facts(tool: Tool) -> EffectFacts:
+    """How an HTTP write tool's effects are delivered, settled and undone: the policy's
+    destination entry first, then what the tool's code declares (docs/policy.md)."""
+    effect = tool.effect
+    assert isinstance(effect, HttpEffect)
+    policy = get_runtime().policy
+    return policy.effect_facts(
+        effect.destination,
+        policy.for_write_tool(tool.name),
+        honours_idempotency=effect.honours_idempotency,
+        lookup_path=effect.lookup_path,
+        compensate_path=effect.compensate_path,
+    )
+
+
+def _compensate_path(tool: Tool) -> str | None:
+    return effect_facts(tool).compensate_path if isinstance(tool.effect, HttpEffect) else None
+
+
+def _action(tool: Tool, call: dict[str, Any]) -> tuple[dict[str, Any], str, BaseModel]:
+    """The validated body, its hash and the validated arguments; raises ValidationError for
+    bad arguments."""
+    assert tool.body is not None
+    args = tool.input_model.model_validate(call.get("input") or {})
+    body = tool.body(args)
+    policy_version = get_runtime().policy.version
+    return body, request_hash(tool.name, body, _target(tool), policy_version), args
+
+
+def _tool_summary(tool: Tool, args: BaseModel) -> str | None:
+    """The tool's own one-line preview, if it has one; a failing one must not block the
+    approval (the approver still sees every argument)."""
+    if tool.preview is None:
+        return None
+    try:
+        return str(tool.preview(args))
+    except Exception:
+        log.warning("the preview of tool %s failed; using the default summary", tool.name)
+        return None
+
+
+# -- step bodies (at least once; idempotent) ------------------------------------------------
+# Plain functions where they can be: DBOS runs a sync step body, its journal check and its
+# checkpoint in one trip to its thread pool (an async body costs three).
+
+
+def request_approval(
+    run_id: str,
+    tenant_id: str,
+    deadline: float,
+    agent_name: str,
+    tool_name: str,
+    call: dict[str, Any],
+    mcp_definition: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    rt = get_runtime()
+    tool = _tool(agent_name, tool_name, mcp_definition)
+    policy = rt.policy.for_write_tool(tool_name)
+    try:
+        body, action_hash, args = _action(tool, call)
+    except ValidationError as exc:
+        return {"invalid": f"invalid arguments for {tool_name}: {exc}"}
+    arguments = args.model_dump(mode="json")
+    # Decided here, in the step, so the journal holds the decision: a replay takes the same
+    # path whatever the policy file says by then.
+    needed, why = policy.approval_needed(arguments)
+    if not needed:
+        return {
+            "required": False,
+            "why": why,
+            "action_hash": action_hash,
+            "policy_version": rt.policy.version,
+        }
+    # Expiry is computed by the database's clock (ttl from its now()), the one that checks
+    # it; the run's deadline caps it. keep_waiting: open as long as the run may live.
+    ttl_s = None if policy.on_timeout is OnTimeout.KEEP_WAITING else policy.approval_ttl_s
+    preview = render_preview(
+        tool_name,
+        body,
+        {"version": rt.policy.version, "summary": policy.summary},
+        fields=arguments,
+        tool_summary=_tool_summary(tool, args),
+    )
+
+    def record(conn: Conn) -> dict[str, Any]:
+        with conn.transaction():
+            approval = approval_request(
+                conn,
+                run_id=uuid.UUID(run_id),
+                tenant_id=uuid.UUID(tenant_id),
+                tool=tool_name,
+                tool_call_id=str(call["id"]),
+                action_hash=action_hash,
+                preview=preview,
+                policy_version=rt.policy.version,
+                required_roles=policy.approver_roles,
+                expires_at=datetime.fromtimestamp(deadline, UTC),
+                ttl_s=ttl_s,
+            )
+            run_ensure_status(
+                conn,
+                uuid.UUID(run_id),
+                RunStatus.AWAITING_APPROVAL,
+                "approval_requested",
+                {
+                    "approval_id": str(approval.id),
+                    "tool": tool_name,
+                    "tool_call_id": str(call["id"]),
+                    "action_hash": action_hash,
+                },
+            )
+        return {
+            "approval_id": str(approval.id),
+            "action_hash": action_hash,
+            # When the wait for a person began (its span starts here, in whichever execution
+            # the wait ends).
+            "requested_at": approval.requested_at.timestamp(),
+        }
+
+    with rt.pool.connection() as conn:
+        asked = record(conn)
+    # The approval is visible to approvers; the step's checkpoint is not written yet.
+    hit("approval.after_request")
+    return {**asked, **check_approval(run_id, asked["approval_id"], action_hash)}
+
+
+def check_approval(run_id: str, approval_id: str, action_hash: str) -> dict[str, Any]:
+    """The approval row as the run acts on it: a verdict, never a message's word.
+
+    `approved` only when a principal decided it (the table's constraint says who, with which
+    role) for exactly `action_hash`; a pending approval past its expiry (the database's clock)
+    is expired here. `wait_s` says how long a pending one may still be waited for.
+    """
+    with get_runtime().pool.connection() as conn:
+        reading = approval_check(conn, uuid.UUID(approval_id))
+    approval = reading.approval
+    verdict: dict[str, Any] = {
+        "status": approval.status.value,
+        "expires_at": approval.expires_at.timestamp() if approval.expires_at else None,
+        "now": time.time(),
+    }
+    if approval.status is ApprovalStatus.PENDING:
+        # None: no expiry; the run's deadline bounds the wait.
+        remaining = reading.remaining_s
+        verdict["wait_s"] = None if remaining is None else max(remaining, 0.0)
+    elif approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED):
+        verdict["decided_by"] = approval.decided_by_name or str(approval.decided_by_principal)
+        verdict["decided_at"] = approval.decided_at.timestamp() if approval.decided_at else None
+        verdict["reason"] = approval.reason
+        problem = not_granted(approval, action_hash)
+        if approval.status is ApprovalStatus.APPROVED and problem is not None:
+            verdict["status"] = "mismatch"
+            verdict["problem"] = problem
+    if str(approval.run_id) != run_id:
+        verdict = {"status": "mismatch", "problem": f"approval {approval_id} is not this run's"}
+    return verdict
+
+
+def not_granted(approval: Approval | None, action_hash: str) -> str | None:
+    """Why `approval` does not let `action_hash` run, or None when it does."""
+    if approval is None:
+        return "the approval does not exist"
+    if approval.status is not ApprovalStatus.APPROVED:
+        return f"approval {approval.id} is {approval.status.value}, not approved"
+    if approval.decided_by_principal is None or approval.auth_role is None:
+        return f"approval {approval.id} has no authenticated decider"
+    if approval.action_hash != action_hash:
+        return f"approval {approval.id} covers the action {approval.action_hash}, not {action_hash}"
+    return None
+
+
+async def record_effect(
+    run_id: str,
+    tenant_id: str,
+    step_name: str,
+    agent_name: str,
+    tool_name: str,
+    call: dict[str, Any],
+    approval_id: str | None = None,
+    mcp_definition: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    rt = get_runtime()
+    tool = _tool(agent_name, tool_name, mcp_definition)
+    assert tool.effect is not None
+    call_id = str(call["id"])
+    key = idempotency_key(run_id, call_id)
+    policy = rt.policy.for_write_tool(tool_name)
+    mcp = mcp_call_facts(tool)
+    with tool_span(
+        tool_name,
+        call_id,
+        run_id=run_id,
+        step_name=step_name,
+        idempotency_key=key,
+        description=tool.description,
+        mcp=mcp,
+    ) as span:
+        if approval_id:
+            span.set_approval_id(approval_id)
+        try:
+            body, action_hash, args = _action(tool, call)
+        except ValidationError as exc:
+            span.record_error("InvalidArguments", "arguments failed validation")
+            return {
+                "result": tool_result(
+                    call_id, f"invalid arguments for {tool_name}: {exc}", is_error=True
+                )
+            }
+        if approval_id is None and policy.approval_needed(args.model_dump(mode="json"))[0]:
+            # No approval was asked for (a caller that skipped wait_for_approval, or a policy
+            # that changed since the approval step decided): the rules now ask for one.
+            span.record_error("ApprovalMissing", "the policy asks for an approval")
+            return {
+                "result": tool_result(
+                    call_id,
+                    f"refused: the policy asks for an approval of this {tool_name} call and "
+                    "none was given; call it again to ask for one",
+                    is_error=True,
+                )
+            }
+        # The relay's delivery span links to this one, under the run's root.
+        delivery = _delivery(tool, body, policy, span_traceparent(span.span))
+
+        def record(conn: Conn) -> dict[str, Any]:
+            # The effect, its outbox row and the run's move to executing commit together,
+            # and only after this transaction has read the approval that allows them.
+            with conn.transaction():
+                if approval_id is not None:
+                    problem = not_granted(approval_get(conn, uuid.UUID(approval_id)), action_hash)
+                    if problem is not None:
+                        return {"refused": problem}
+                run_ensure_status(
+                    conn,
+                    uuid.UUID(run_id),
+                    RunStatus.EXECUTING,
+                    "executing",
+                    {"tool_call_id": call_id, "idempotency_key": key},
+                    step=step_name,
+                )
+                effect = effect_begin(
+                    conn,
+                    key=key,
+                    run_id=uuid.UUID(run_id),
+                    tenant_id=uuid.UUID(tenant_id),
+                    tool=tool_name,
+                    request_hash=action_hash,
+                    destination=tool.effect.destination,  # type: ignore[union-attr]
+                    request=delivery,
+                )
+            return {**_recorded(effect), "compensable": _compensate_path(tool) is not None}
+
+        # Watch from before the commit: the outcome may be recorded before we look.
+        with dbos_waiters.watch(run_id, key) as watch:
+            recorded: dict[str, Any] = await db_call(record)
+            if "refused" in recorded:
+                span.record_error("ApprovalMismatch", "the approval does not cover this action")
+                return {
+                    "result": tool_result(
+                        call_id,
+                        f"refused: {recorded['refused']}; a changed action needs a new approval",
+                        is_error=True,
+                    )
+                }
+            if recorded["status"] not in SETTLED and await watch.wait(SETTLE_WATCH_S):
+                settled = await db_call(lambda conn: _recorded(effect_require(conn, key)))
+                recorded = {**settled, "compensable": recorded["compensable"]}
+        span.set_effect_status(recorded["status"])
+        if recorded["status"] == EffectStatus.FAILED.value:
+            outcome = recorded.get("outcome") or {}
+            span.record_error(sc.ERROR_EFFECT_FAILED, str(outcome.get("error") or "failed"))
+        recorded["recorded_at"] = time.time()  # a durable wait for the outcome starts here
+        return recorded
+
+
+#: error.type of an effect wait span by the outcome that ended it.
+WAIT_ERRORS = {
+    EffectStatus.FAILED.value: sc.ERROR_EFFECT_FAILED,
+    EffectStatus.NEEDS_HUMAN.value: sc.ERROR_EFFECT_NEEDS_HUMAN,
+    EffectStatus.OUTCOME_UNKNOWN.value: sc.ERROR_EFFECT_OUTCOME_UNKNOWN,
+}
+
+#: How long the act step itself watches for its effect's outcome. Most downstreams answer
+#: inside it: the outcome is then this step's result, and the workflow skips a durable wait
+#: (its message stays unread; nothing waits on that topic again). Slower effects, unknown
+#: outcomes and people are left to the durable wait. Nothing holds a thread meanwhile.
+SETTLE_WATCH_S = 0.5
+SETTLED = frozenset({EffectStatus.SUCCEEDED.value, EffectStatus.FAILED.value})
+
+
+def _recorded(effect: Effect) -> dict[str, Any]:
+    recorded: dict[str, Any] = {"key": effect.key, "status": effect.status.value}
+    if effect.status.value in SETTLED:
+        # The same fields as the effect's message (app/ledgerloop/effects/messages.py).
+        recorded["outcome"] = {
+            "status": effect.status.value,
+            "result": effect.result,
+            "error": effect.error,
+            "external_reference": effect.external_reference,
+        }
+    return recorded
+
+
+def read_outcome(
+    run_id: str,
+    step_name: str,
+    key: str,
+    reconcile: bool,
+    previous: list[Any] | None = None,
+    round_: int = 1,
+) -> dict[str, Any]:
+    """The effect row as the run acts on it (a message said only that it may have changed).
+
+    With `reconcile`, an unknown outcome moves the run to reconciling, and a reconciling round
+    is recorded (once, by this step) whenever the effect's status or attempts differ from the
+    `previous` reading: a wake that changed nothing (someone else's message) records nothing.
+    """
+    recorded = 0
+    with get_runtime().pool.connection() as conn:
+        effect = effect_require(conn, key)
+        unknown = effect.status in (EffectStatus.OUTCOME_UNKNOWN, EffectStatus.NEEDS_HUMAN)
+        if reconcile and unknown and previous != [effect.status.value, effect.attempts]:
+            with conn.transaction():
+                run_ensure_status(
+                    conn,
+                    uuid.UUID(run_id),
+                    RunStatus.RECONCILING,
+                    "reconciling",
+                    {"idempotency_key": key, "effect_status": effect.status.value, "round": round_},
+                    step=step_name,
+                )
+            recorded = 1
+    return {
+        **_recorded(effect),
+        "attempts": effect.attempts,
+        "round_recorded": recorded,
+        "now": time.time(),
+    }
+
+
+def _find_tool(agent_name: str, name: str) -> Tool | None:
+    """The agent's own tool (two agents may each have a tool of one name)."""
+    agent = get_agent(agent_name)
+    return agent.tool(name) if agent is not None else None
+
+
+def _tool(agent_name: str, name: str, mcp_definition: dict[str, Any] | None = None) -> Tool:
+    """The tool a write step runs: an MCP write tool from the definition the run journaled
+    in its discovery (passed in by the workflow: agents in one worker may each discover a
+    tool of one name on a different server), else the agent's own."""
+    if mcp_definition is not None:
+        return as_tool(mcp_definition)
+    tool = _find_tool(agent_name, name)
+    if tool is None:
+        raise LookupError(f"agent {agent_name!r} has no tool {name!r} in this worker")
+    return tool
+
+
+# -- compensation ---------------------------------------------------------------------------
+
+
+def record_compensation(
+    run_id: str, agent_name: str, tool_name: str, key: str, ref: str | None
+) -> dict[str, Any]:
+    """Begin the compensating effect of `key` (its own key, `...:compensate`, and audit trail)."""
+    rt = get_runtime()
+    delivery = compensation_delivery(_tool(agent_name, tool_name), key, ref)
+
+    def record(conn: Conn) -> dict[str, Any]:
+        with conn.transaction():
+            effect = compensation_begin(conn, effect_require(conn, key), delivery)
+        return {"key": effect.key, "status": str(effect.status), "now": time.time()}
+
+    with rt.pool.connection() as conn:
+        return record(conn)
+
+
+def compensation_delivery(tool: Tool, key: str, ref: str | None) -> DeliveryRequest:
+    """The request that undoes effect `key` of `tool` (whose downstream reference is `ref`)."""
+    path = _compensate_path(tool)
+    assert path is not None
+    policy = get_runtime().policy.for_write_tool(tool.name)
+    return DeliveryRequest(
+        path=path.format(ref=ref or "", key=key),
+        method="POST",
+        idempotency_header=effect_facts(tool).idempotency_header,
+        # Compensating calls are declared idempotent: resending one is always safe.
+        honours_idempotency=True,
+        timeout_ms=policy.timeout_ms,
+        max_attempts=policy.max_retries + 1,
+        deadline_s=policy.deadline_s,
+        traceparent=span_traceparent(),
+    )
+
+
+def compensations_begin(conn: Conn, run_id: uuid.UUID) -> list[dict[str, Any]]:
+    """Begin, in the caller's transaction, the compensation of every succeeded effect of the
+    run that its tool can undo and that has none yet, newest first.
+
+    For a run settled without its workflow (the sweeper): nobody waits for these outcomes;
+    the relay delivers them and each has its own audit trail, as in `primitives.compensate`.
+    """
+    agent = run_require(conn, run_id).agent
+    effects = effect_list(conn, run_id=run_id, limit=1000)
+    keys = {e.key for e in effects}
+    begun = []
+    for effect in effects:  # newest first
+        if (
+            effect.compensates is not None
+            or effect.status is not EffectStatus.SUCCEEDED
+            or effect.key + COMPENSATION_SUFFIX in keys
+        ):
+            continue
+        tool = _find_tool(agent, effect.tool)
+        if tool is None or _compensate_path(tool) is None:
+            continue
+        delivery = compensation_delivery(tool, effect.key, effect.external_reference)
+        compensation = compensation_begin(conn, effect, delivery)
+        begun.append({"key": compensation.key, "status": compensation.status.value})
+    return begun

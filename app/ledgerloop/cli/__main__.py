@@ -1,0 +1,5 @@
+"""`python -m ledgerloop.cli`: the `ledgerloop` command."""
+
+from ledgerloop.cli import main
+
+main()

@@ -1,0 +1,177 @@
+"""The long-running commands (`up`, `relay`, the demo and its servers) and `workers`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ledgerloop.cli.common import (
+    connection,
+    console,
+    database_url,
+    reachable_database_url,
+    user_errors,
+    when,
+)
+from ledgerloop.config import load_settings
+
+
+def _log_to_stderr() -> None:
+    """Ledgerloop's own log lines (takeovers, recovery, drains) on stderr, at
+    LEDGERLOOP_LOG_LEVEL (INFO); DBOS's stay at LEDGERLOOP_DBOS_LOG_LEVEL (WARNING)."""
+    import logging
+    import os
+    import sys
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("ledgerloop")
+    logger.addHandler(handler)
+    logger.setLevel(os.environ.get("LEDGERLOOP_LOG_LEVEL", "INFO").upper())
+    logger.propagate = False
+
+
+@user_errors
+def up(
+    http: bool = typer.Option(True, help="Serve the HTTP API and the approval page."),
+    relay: bool = typer.Option(True, help="Run the outbox relay and the reconciler."),
+    trace_console: bool = typer.Option(False, help="Print spans to the console."),
+) -> None:
+    """Run a worker: the agent workflows, recovery, and (by default) relay and HTTP API."""
+    import asyncio
+
+    from ledgerloop.services import build_services
+    from ledgerloop.worker import WorkerOptions, run_worker
+
+    settings = load_settings()
+    _log_to_stderr()
+    url = reachable_database_url(settings)
+    options = WorkerOptions(
+        trace_console=trace_console, services=build_services(settings, http=http, relay=relay)
+    )
+
+    async def main() -> None:
+        import signal
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        def ready(_: object) -> None:
+            where = f" on http://{settings.http_host}:{settings.http_port}" if http else ""
+            typer.echo(f"ledgerloop worker {settings.executor_id} up{where}", err=True)
+
+        await run_worker(settings, url, stop, options, ready)
+
+    asyncio.run(main())
+
+
+@user_errors
+def workers() -> None:
+    """The workers on this database: identity, host, versions, heartbeat age, runs executing."""
+    from rich.table import Table
+
+    from ledgerloop.fleet.views import workers_list
+
+    settings = load_settings()
+    with connection() as conn:
+        found = workers_list(conn)
+    table = Table(
+        "worker", "host", "pid", "app version", "ledgerloop", "started", "heartbeat", "runs"
+    )
+    for worker in found:
+        age = f"{worker.heartbeat_age_s:.1f} s ago"
+        if not worker.alive(settings.stale_after_s):
+            age += " (silent)"
+        table.add_row(
+            worker.id,
+            worker.hostname,
+            str(worker.pid),
+            worker.application_version,
+            worker.software_version or "-",
+            when(worker.started_at),
+            age,
+            str(worker.runs_executing),
+        )
+    console().print(table if found else "no workers")
+
+
+@user_errors
+def demo() -> None:
+    """Run the ops agent end to end (embedded Postgres and scripted model when unconfigured)."""
+    from ledgerloop.demo import demo_succeeded, run_demo
+
+    run = run_demo(load_settings(), database_url(keep_running=True), typer.echo)
+    if not demo_succeeded(run):
+        raise typer.Exit(1)
+
+
+@user_errors
+def relay() -> None:
+    """Run only the outbox relay and the reconciler (no workflows, no HTTP)."""
+    import asyncio
+    import signal
+
+    from ledgerloop.effects.reconciler import run_reconciler
+    from ledgerloop.effects.relay import RelayConfig, run_relay
+    from ledgerloop.telemetry import configure_telemetry
+    from ledgerloop.tools.policy import load_policy
+
+    settings = load_settings()
+    policy = load_policy(settings.policy_file)
+    targets = {**policy.destination_urls(), **settings.destinations}
+    mcp = policy.mcp_servers
+    url = reachable_database_url(settings)
+    # Deliveries and settlements are spans of the runs they belong to.
+    configure_telemetry()
+    config = RelayConfig(
+        lease_margin_s=settings.relay_lease_margin_s,
+        settle_after_s=settings.effect_settle_after_s,
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        typer.echo(f"ledgerloop relay up; destinations: {', '.join(targets) or 'none'}", err=True)
+        await asyncio.gather(
+            run_relay(url, targets, stop=stop, config=config, mcp_servers=mcp),
+            run_reconciler(
+                url,
+                targets,
+                stop=stop,
+                interval_s=settings.reconcile_interval_s,
+                mcp_servers=mcp,
+            ),
+        )
+
+    asyncio.run(main())
+
+
+@user_errors
+def scripted_model(
+    script: Path = typer.Option(..., exists=False, help="The YAML script to answer with."),
+    port: int = typer.Option(8765, help="Port on 127.0.0.1 (0 picks a free one)."),
+    host: str = typer.Option("127.0.0.1"),
+    log: Path | None = typer.Option(None, help="Append every request here as JSON lines."),
+) -> None:
+    """Serve the scripted Messages API (POST /v1/messages) for demos and tests."""
+    from ledgerloop.models.script import load_script
+    from ledgerloop.models.scripted_server import serve
+
+    load_script(script)  # a bad script is one clear error before anything listens
+    serve(script, host, port, log)
+
+
+@user_errors
+def ticket_service(
+    port: int = typer.Option(8765, help="Port on 127.0.0.1."),
+    host: str = typer.Option("127.0.0.1"),
+) -> None:
+    """Serve the example ticket service (a real downstream with fault switches)."""
+    from ledgerloop.examples.ticket_service import serve
+
+    serve(host, port)

@@ -1,0 +1,226 @@
+"""`ledgerloop runs`: start, list, show, cancel and purge runs; find stuck ones."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import typer
+
+from ledgerloop.cli.common import (
+    TENANT_HELP,
+    connection,
+    console,
+    database_url,
+    user_errors,
+    when,
+)
+from ledgerloop.config import DEFAULT_TENANT, load_settings
+from ledgerloop.errors import LedgerloopError
+from ledgerloop.runs.states import RunStatus
+
+runs_cli = typer.Typer(no_args_is_help=True, help="Start runs, list them, show their timelines.")
+
+
+@runs_cli.command("start")
+@user_errors
+def runs_start(
+    agent: str = typer.Argument(..., help="A registered agent's name."),
+    message: str | None = typer.Option(None, "--message", "-m", help="Input {'message': ...}."),
+    input_json: str | None = typer.Option(None, "--input", help="The input as a JSON object."),
+    key: str | None = typer.Option(None, "--key", help="Idempotency key: a repeat is a no-op."),
+    tenant: uuid.UUID = typer.Option(DEFAULT_TENANT, help="The tenant the run belongs to."),
+) -> None:
+    """Start a run; prints its id."""
+    from ledgerloop.agent.definition import agents, load_agent_modules
+    from ledgerloop.runs.start import InvalidRunInput, start_run
+
+    load_agent_modules(load_settings().agent_modules)
+    if agent not in agents():
+        raise InvalidRunInput(
+            f"unknown agent {agent!r}; known agents: {', '.join(sorted(agents())) or 'none'}",
+            fix="register it with LEDGERLOOP_AGENT_MODULES",
+        )
+    try:
+        run_input = json.loads(input_json) if input_json is not None else {}
+    except json.JSONDecodeError as exc:
+        raise InvalidRunInput(f"--input is not valid JSON: {exc}") from None
+    if not isinstance(run_input, dict):
+        raise InvalidRunInput("--input must be a JSON object", fix="e.g. --input '{\"k\": 1}'")
+    if message is not None:
+        run_input["message"] = message
+    with connection() as conn:
+        run_id = start_run(
+            conn, agent=agent, input=run_input, idempotency_key=key, tenant_id=tenant
+        )
+    typer.echo(str(run_id))
+
+
+@runs_cli.command("list")
+@user_errors
+def runs_list(
+    status: RunStatus | None = typer.Option(None, help="Only runs in this status."),
+    agent: str | None = typer.Option(None, help="Only this agent's runs."),
+    limit: int = typer.Option(50, min=1, max=1000),
+    tenant: uuid.UUID | None = typer.Option(None, help=TENANT_HELP),
+) -> None:
+    """The newest runs."""
+    from rich.table import Table
+
+    from ledgerloop.runs.store import run_list
+
+    with connection(tenant) as conn:
+        runs = run_list(conn, status=status, agent=agent, limit=limit)
+    table = Table("id", "agent", "status", "created", "updated")
+    for run in runs:
+        table.add_row(
+            str(run.id), run.agent, run.status.value, when(run.created_at), when(run.updated_at)
+        )
+    console().print(table if runs else "no runs")
+
+
+@runs_cli.command("stuck")
+@user_errors
+def runs_stuck_command(
+    limit: int = typer.Option(100, min=1, max=10_000),
+) -> None:
+    """Runs that need a look: the run and its workflow disagree, the run is PENDING under a
+    worker that is gone or silent, or it is queued for a version no live worker runs.
+    Exits 1 when there are any (for monitoring), 0 when there are none."""
+    from rich.table import Table
+
+    from ledgerloop.fleet.views import runs_stuck
+
+    settings = load_settings()
+    with connection() as conn:
+        stuck = runs_stuck(conn, stale_after_s=settings.stale_after_s, limit=limit)
+    if not stuck:
+        console().print("no stuck runs")
+        return
+    table = Table("run", "agent", "run status", "workflow", "worker", "updated", "problem")
+    for run in stuck:
+        table.add_row(
+            str(run.run_id),
+            run.agent,
+            run.run_status,
+            run.workflow_status or "-",
+            run.executor_id or "-",
+            when(run.updated_at),
+            run.problem,
+        )
+    console().print(table)
+    raise typer.Exit(1)
+
+
+@runs_cli.command("show")
+@user_errors
+def runs_show(
+    run_id: uuid.UUID = typer.Argument(..., help="The run's id."),
+    tenant: uuid.UUID | None = typer.Option(None, help=TENANT_HELP),
+) -> None:
+    """The run's timeline as a tree: events, steps, effects and approvals in time order."""
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    from ledgerloop.control.timeline import dbos_client, run_timeline
+
+    # Our connection first: an unreachable database is then one line of ours, not DBOS's
+    # client logging its own connection errors first.
+    with connection(tenant) as conn:
+        steps = dbos_client(database_url())
+        try:
+            timeline = run_timeline(conn, run_id, steps=steps)
+        finally:
+            steps.destroy()
+    run = timeline.run
+    tree = Tree(f"[bold]run {run.id}[/]  {escape(run.agent)}  [bold]{run.status.value}[/]")
+    for entry in timeline.entries:
+        status = f"  [{entry.status}]" if entry.status else ""
+        node = tree.add(
+            escape(f"{entry.at:%H:%M:%S.%f}"[:12] + f"  {entry.kind:<8} {entry.name}{status}")
+        )
+        for name, value in entry.detail.items():
+            if value not in (None, {}, []):
+                text = value if isinstance(value, str) else json.dumps(value, default=str)
+                node.add(escape(f"{name}: {text[:200]}"))
+    if timeline.truncated:
+        tree.add("… more items than shown")
+    console().print(tree)
+
+
+@runs_cli.command("cancel")
+@user_errors
+def runs_cancel(
+    run_id: uuid.UUID = typer.Argument(..., help="The run's id."),
+    reason: str | None = typer.Option(None, help="Why; kept in the run's history."),
+) -> None:
+    """Stop a run's pending work (approvals, undelivered effects, its workflow); undoes nothing."""
+    import getpass
+
+    from ledgerloop.control.cancel import cancel_run
+    from ledgerloop.control.timeline import dbos_client
+
+    workflows = dbos_client(database_url())
+    try:
+        with connection() as conn:
+            done = cancel_run(
+                conn,
+                run_id,
+                workflows=workflows,
+                requested_by=f"{getpass.getuser()} (cli)",
+                reason=reason,
+            )
+    finally:
+        workflows.destroy()
+    closed = len(done.approvals_cancelled)
+    typer.echo(f"run {run_id} cancelled ({closed} pending approvals closed)")
+
+
+@runs_cli.command("purge")
+@user_errors
+def runs_purge(
+    finished_before: str = typer.Option(
+        ...,
+        "--finished-before",
+        help="A timestamp (2026-01-31T00:00:00Z) or an age (30d, 12h, 90m): runs that "
+        "finished before it are purged.",
+    ),
+    keep_audit: bool = typer.Option(
+        False,
+        "--keep-audit",
+        help="Keep each run's record, events, approvals and effects; delete only its journal, "
+        "messages and payloads.",
+    ),
+    batch_size: int = typer.Option(500, min=10, max=10_000, help="Runs per first batch."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Delete finished runs from both schemas, in short batches (safe while workers run)."""
+    from ledgerloop.config import parse_cutoff
+    from ledgerloop.retention.purge import PurgeClient, PurgeOptions, purge_finished
+
+    try:
+        cutoff = parse_cutoff(finished_before)
+    except ValueError as exc:
+        raise LedgerloopError(f"--finished-before: {exc}") from None
+    client = PurgeClient(database_url())
+    try:
+        with connection() as conn:
+            report = purge_finished(
+                conn,
+                client.dbos,
+                cutoff,
+                PurgeOptions(keep_audit=keep_audit, batch_size=batch_size),
+            )
+    finally:
+        client.close()
+    if as_json:
+        typer.echo(json.dumps({"cutoff": cutoff.isoformat(), **report.to_json()}))
+        return
+    what = "journals of" if keep_audit else ""
+    typer.echo(
+        f"purged {what + ' ' if what else ''}{report.runs} runs finished before "
+        f"{cutoff.isoformat()} in {report.elapsed_s:.2f} s "
+        f"(longest transaction {report.longest_txn_s * 1000:.0f} ms); skipped "
+        f"{report.skipped_active} whose workflow is still active, "
+        f"{report.skipped_unsettled} with unsettled effects"
+    )

@@ -1,0 +1,117 @@
+"""Dispatch: workers wake on LISTEN/NOTIFY when a run is queued, and poll only as a fallback.
+
+Every run that becomes ENQUEUED on Ledgerloop's queue sends `NOTIFY ledgerloop_runs` on
+commit (a trigger, migration 0016: runs started from SQL or HTTP, woken from hibernation,
+handed back by a takeover or a clean stop). Each worker's dispatcher thread LISTENs on a
+connection of its own; on a notification it claims ENQUEUED runs in small batches
+(`FOR UPDATE SKIP LOCKED`, DBOS's own claim) until a batch comes back short. Idle workers
+woken together take turns batch by batch, so a burst spreads across them instead of going
+to whichever worker polled first. Without notifications (a lost connection, a pooler that
+drops them) the dispatcher claims every `fallback_s` anyway.
+
+DBOS's own queue thread does not listen to this queue (`DBOS.listen_queues`): it would poll
+it 20 times a second and claim a whole burst at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from ledgerloop.fleet import dbos_internals
+from ledgerloop.fleet.fence import Fence
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "ledgerloop_runs"
+
+
+class Dispatcher:
+    def __init__(
+        self, url: str, queue: Any, fence: Fence, *, batch: int = 8, fallback_s: float = 10.0
+    ) -> None:
+        self.url = url
+        self.queue = queue
+        self.fence = fence
+        self.batch = batch
+        self.fallback_s = fallback_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledgerloop-dispatch", daemon=True)
+        self._conn: psycopg.Connection[Any] | None = None
+        #: Runs this process claimed (tests and benchmarks read it).
+        self.claimed = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            conn = psycopg.connect(
+                self.url, autocommit=True, application_name="ledgerloop-dispatch"
+            )
+            conn.execute(f"LISTEN {CHANNEL}")
+            self._conn = conn
+        return self._conn
+
+    def _run(self) -> None:
+        failing_since: float | None = None
+        last_claim = 0.0
+        # Claim at once at start and after (re)connecting: notifications sent while nobody
+        # listened are gone. Also again soon when a drain stopped at the fence.
+        owed = True
+        while not self._stop.is_set():
+            try:
+                conn = self._listen()
+                woken = owed
+                if not woken:
+                    wait = min(0.5, max(0.0, last_claim + self.fallback_s - time.monotonic()))
+                    for _ in conn.notifies(timeout=wait, stop_after=1):
+                        woken = True
+                    woken = woken or time.monotonic() >= last_claim + self.fallback_s
+                if woken and not self._stop.is_set():
+                    owed = not self.drain()
+                    last_claim = time.monotonic()
+                    if owed:
+                        self._stop.wait(0.05)
+                if failing_since is not None:
+                    down_s = time.monotonic() - failing_since
+                    log.info("dispatch listening again after %.1f s", down_s)
+                    failing_since = None
+            except Exception as exc:
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn, owed = None, True
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    log.warning("dispatch failed (%s); retrying", " ".join(str(exc).split()))
+                self._stop.wait(min(1.0, self.fallback_s))
+        if self._conn is not None:
+            self._conn.close()
+
+    def drain(self) -> bool:
+        """Claim and start queued runs, a batch at a time, until a batch comes back short.
+        False if it stopped early (the fence is down): the caller tries again soon."""
+        while not self._stop.is_set():
+            if not self.fence.valid():
+                # Presumed dead or about to be: claiming now would hand runs to a worker that
+                # may not run steps.
+                return False
+            owner, ids = dbos_internals.claim_batch(self.queue, self.batch)
+            if ids:
+                self.fence.verified(owner)
+                dbos_internals.start_claimed(owner, ids)
+                self.claimed += len(ids)
+            if len(ids) < self.batch:
+                return True
+            # Let the other woken workers take the next batch if they are ready first.
+            time.sleep(0.001)
+        return True

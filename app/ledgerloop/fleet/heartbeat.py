@@ -1,0 +1,319 @@
+"""Worker liveness: registration, heartbeats and the takeover of dead peers.
+
+Each worker process start is a new identity (a random executor id). The heartbeat runs on a
+thread and a connection of its own, never behind step work. Every tick is one statement
+(queries.sql `executor_heartbeat`): this worker's heartbeat, then, if this worker has been
+heartbeating without a gap for `stale_after_s`, the takeover of every dead peer in the same
+short transaction. A worker that finds its own row gone was taken over while frozen or cut
+off: it revokes its fence (ledgerloop.fleet.fence), so no execution of a run it lost starts
+another step, and registers again.
+
+Postgres's clock judges staleness; a worker's clock only times its own lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from ledgerloop.db.connect import Conn
+from ledgerloop.db.sql import load_queries
+from ledgerloop.fleet.fence import Fence
+from ledgerloop.runs.store import run_executions_stopped
+
+log = logging.getLogger(__name__)
+
+Q = load_queries("ledgerloop.fleet")
+
+#: Namespace of the advisory locks heartbeat sessions hold ("LLFW"); the key is per worker.
+LOCK_NAMESPACE = 0x4C4C_4657
+
+#: How long past a worker's lease its peers wait before taking it over once its session is
+#: gone (see FleetTimings).
+SESSION_MARGIN_S = 0.1
+
+#: An early tick for a peer whose session is gone comes this long after its lease ran out.
+DUE_MARGIN_S = 0.02
+
+
+def software_version() -> str:
+    try:
+        return package_version("ledgerloop")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class FleetTimings:
+    """How often a worker heartbeats and when a silent one counts as dead.
+
+    lease_s: how long after sending a heartbeat this worker may start step bodies.
+    session_dead_s: a worker whose heartbeat session is gone counts as dead after this much
+    silence; it is the lease plus a margin, so the lease has run out first. The lease counts
+    from before the heartbeat's statement was sent, its row holds the database's time when
+    it ran, so the margin only has to cover how far two clocks' rates can differ over a
+    lease (parts per million) and the step from the fence's check to the body's start.
+    gap_s: a heartbeat later than this after the previous one starts a new streak.
+    """
+
+    heartbeat_s: float = 0.5
+    stale_after_s: float = 5.0
+
+    @property
+    def lease_s(self) -> float:
+        return max(self.heartbeat_s * 2.5, self.stale_after_s / 4)
+
+    @property
+    def session_dead_s(self) -> float:
+        return self.lease_s + SESSION_MARGIN_S
+
+    @property
+    def gap_s(self) -> float:
+        return self.stale_after_s / 2
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "stale_s": self.stale_after_s,
+            "lease_s": self.session_dead_s,
+            "gap_s": self.gap_s,
+            "lock_ns": LOCK_NAMESPACE,
+        }
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """A dead peer this worker took over, and how many of its runs went back on the queue."""
+
+    executor_id: str
+    hostname: str
+    silent_s: float
+    runs: int
+
+
+class Heartbeat:
+    """Registers this worker, heartbeats on its own thread, takes dead peers over."""
+
+    def __init__(
+        self,
+        url: str,
+        executor_id: str,
+        app_version: str,
+        timings: FleetTimings,
+        fence: Fence,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = url
+        self.executor_id = executor_id
+        self.app_version = app_version
+        self.timings = timings
+        self.fence = fence
+        self._clock = clock
+        self._lock_key = random.randint(1, 2**31 - 1)
+        self._conn: Conn | None = None
+        self._locked = False
+        self._session_since: datetime | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledgerloop-heartbeat", daemon=True)
+        self._unreachable_since: float | None = None
+        self._ticks = 0
+        #: Seconds from the last tick until a peer whose session is gone may be taken over.
+        self._due_s: float | None = None
+        #: Called with each takeover this worker made (tests and benchmarks listen here).
+        self.on_takeover: Callable[[Takeover], None] | None = None
+
+    # -- connection ----------------------------------------------------------------------
+
+    def _connection(self) -> Conn:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        timeout = max(1, int(self.timings.stale_after_s / 2))
+        conn: Conn = psycopg.connect(
+            self.url,
+            autocommit=True,
+            row_factory=dict_row,
+            connect_timeout=timeout,
+            application_name="ledgerloop-heartbeat",
+        )
+        # A tick never waits long on a lock or a slow statement: the next tick retries.
+        ms = int(self.timings.stale_after_s * 1000 / 4)
+        conn.execute(f"SET statement_timeout = {ms}; SET lock_timeout = {ms}")
+        # When this session began, by the database's clock: a peer's free lock is evidence
+        # of its death only if its last heartbeat came later (queries.sql, executor_heartbeat).
+        row = conn.execute("SELECT now() AS since").fetchone()
+        self._session_since = row["since"] if row else None
+        self._conn, self._locked = conn, False
+        return conn
+
+    def _take_lock(self, conn: Conn) -> None:
+        # Held for the life of this session: when the process dies, Postgres drops the
+        # session and the lock with it, and peers see that before the heartbeat goes stale.
+        # Not holding it (another session still holds this key) only slows detection.
+        if not self._locked:
+            row = conn.execute(
+                Q["executor_lock"], {"lock_ns": LOCK_NAMESPACE, "lock_key": self._lock_key}
+            ).fetchone()
+            self._locked = bool(row and row["locked"])
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                log.debug("closing the heartbeat connection failed", exc_info=True)
+        self._conn, self._locked = None, False
+
+    # -- registration --------------------------------------------------------------------
+
+    def register(self) -> None:
+        """Insert this worker's row (before DBOS launches, so it can never look dead)."""
+        conn = self._connection()
+        self._take_lock(conn)
+        sent = self._clock()
+        conn.execute(
+            Q["executor_register"],
+            {
+                "id": self.executor_id,
+                "app_version": self.app_version,
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "lock_key": self._lock_key,
+                "software_version": software_version(),
+            },
+        )
+        self.fence.renew(sent)
+
+    def unregister(self) -> int:
+        """A clean stop: hand this worker's runs back to the queue, remove its row."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.timings.stale_after_s)
+        conn = self._connection()
+        with conn.transaction():
+            # Their execution spans ended with the stop: the next execution must not
+            # rebuild them.
+            run_executions_stopped(conn, self.executor_id)
+            row = conn.execute(Q["executor_unregister"], {"id": self.executor_id}).fetchone()
+        self._drop_connection()
+        return int(row["runs"]) if row else 0
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.timings.stale_after_s)
+        self._drop_connection()
+
+    def _run(self) -> None:
+        next_at = self._clock()
+        while not self._stop.is_set():
+            self.tick()
+            # Counted from the tick's answer, so never before the database's moment.
+            due_at = None if self._due_s is None else self._clock() + self._due_s
+            if due_at is not None and due_at < next_at + self.timings.heartbeat_s:
+                # A peer's session is gone: tick again just after its lease runs out (the
+                # earliest moment it may be taken over), not at the next regular heartbeat.
+                # The regular schedule is kept.
+                self._stop.wait(max(0.0, due_at - self._clock()))
+                continue
+            next_at += self.timings.heartbeat_s
+            now = self._clock()
+            if next_at < now:  # frozen or starved: no burst of catch-up ticks
+                next_at = now
+            self._stop.wait(next_at - now)
+
+    def tick(self) -> list[Takeover]:
+        """One heartbeat (and takeover of dead peers). Never raises; returns the takeovers."""
+        self._due_s = None
+        try:
+            takeovers = self._tick()
+        except psycopg.Error as exc:
+            self._drop_connection()
+            if self._unreachable_since is None:
+                self._unreachable_since = self._clock()
+                log.warning(
+                    "heartbeat failed (%s); runs pause at their next step until it lands",
+                    " ".join(str(exc).split()),
+                )
+            return []
+        if self._unreachable_since is not None:
+            log.info("heartbeat landed again after %.1f s", self._clock() - self._unreachable_since)
+            self._unreachable_since = None
+        return takeovers
+
+    def _tick(self) -> list[Takeover]:
+        conn = self._connection()
+        self._take_lock(conn)
+        self._ticks += 1
+        sent = self._clock()
+        rows = conn.execute(
+            Q["executor_heartbeat"],
+            {
+                "id": self.executor_id,
+                "session_since": self._session_since,
+                **self.timings.params(),
+            },
+        ).fetchall()
+        mine, others = rows[0], rows[1:]
+        due = mine["due_s"]
+        # A little past the moment, so the database's clock is past it too; never a busy loop
+        # (a peer being taken over by another survivor right now stays due for a moment).
+        self._due_s = None if due is None else max(float(due), 0.0) + DUE_MARGIN_S
+        if mine["alive"]:
+            self.fence.renew(sent)
+        else:
+            self._taken_over(conn)
+        takeovers = [
+            Takeover(r["id"], r["hostname"], float(r["silent_s"]), int(r["runs"])) for r in others
+        ]
+        for takeover in takeovers:
+            log.info(
+                "took over worker %s on %s (silent %.1f s): %d runs back on the queue",
+                takeover.executor_id,
+                takeover.hostname,
+                takeover.silent_s,
+                takeover.runs,
+            )
+            if self.on_takeover:
+                self.on_takeover(takeover)
+        # Orphans (PENDING under a worker with no row) are rare; look every 30 s.
+        if self._ticks % max(1, int(30 / self.timings.heartbeat_s)) == 0:
+            swept = conn.execute(
+                Q["executor_sweep_orphans"],
+                {"id": self.executor_id, "stale_s": self.timings.stale_after_s},
+            ).fetchall()
+            if swept:
+                log.info(
+                    "put %d runs of workers that are gone back on the queue (workers: %s)",
+                    len(swept),
+                    ", ".join(sorted({r["executor_id"] for r in swept})),
+                )
+        return takeovers
+
+    def _taken_over(self, conn: Conn) -> None:
+        # Our row is gone: a peer judged us dead (we were frozen, starved or cut off past
+        # stale_after_s) and put our runs back on the queue. Revoke first, so no execution
+        # of a lost run starts a step, then come back as a live worker.
+        self.fence.revoke()
+        log.warning(
+            "this worker %s was taken over by a peer after a silence; its runs went back "
+            "on the queue, registering again",
+            self.executor_id,
+        )
+        self.register()

@@ -1,0 +1,218 @@
+-- The fleet's runtime queries: worker rows, heartbeats, takeovers, and what operators read.
+-- Liveness is judged by the database's clock (now()), never by a worker's own.
+
+-- name: executor_register
+-- A new row, or a fresh start for a row a takeover has not yet removed. The same
+-- transaction touches the PENDING workflows this worker holds, so an orphan sweep that
+-- saw no row for them (see executor_heartbeat) skips them when it re-reads them.
+WITH registered AS (
+  INSERT INTO ledgerloop.executor
+    (id, application_version, hostname, pid, lock_key, software_version)
+  VALUES (%(id)s, %(app_version)s, %(hostname)s, %(pid)s, %(lock_key)s, %(software_version)s)
+  ON CONFLICT (id) DO UPDATE
+    SET heartbeat_at = now(), streak_started_at = now(), lock_key = EXCLUDED.lock_key
+  RETURNING id
+)
+UPDATE dbos.workflow_status
+SET updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+WHERE executor_id = (SELECT id FROM registered) AND status = 'PENDING'
+
+-- name: executor_heartbeat
+-- One statement, one short transaction: this worker's heartbeat, then (when this worker
+-- may judge) the takeover of every dead peer. Returns one row per executor taken over,
+-- plus this worker's own row first (alive = false when a peer has taken it over; due_s:
+-- see `due` below).
+--
+-- A streak: a heartbeat that lands more than %(gap_s)s after the previous one starts a new
+-- streak. Only a worker whose streak is at least %(stale_s)s old judges others, so after an
+-- outage, a freeze or a restart a worker first watches its peers come back before it
+-- judges them.
+--
+-- Dead: no heartbeat for %(stale_s)s; or no heartbeat for %(lease_s)s and its heartbeat
+-- session gone (its advisory lock is free: the process was killed or lost its connection).
+-- A free lock counts only for a peer whose last heartbeat came after this worker's own
+-- heartbeat session began (%(session_since)s, the database's time): that session outlived
+-- it, so the server did not restart or fail over since, and the lock the peer held then on
+-- this server is free because its session ended. After a restart every lock is free and
+-- proves nothing; such a peer is dead only once it has been silent for %(stale_s)s.
+-- Either way the worker's own lease, counted from its last heartbeat, has run out, so it
+-- starts no step body any more (ledgerloop.fleet.fence).
+--
+-- Taking over deletes the row and puts the dead worker's PENDING workflows back on their
+-- queue in the same transaction, so no survivor can die between the two. The row is locked
+-- and re-read first (a heartbeat that committed meanwhile makes it fresh, and one under way
+-- makes it skipped): the takeover is conditional on the row still being stale. Nothing here
+-- waits for a lock, so a heartbeat never stalls behind a takeover.
+--
+-- This writes dbos.workflow_status directly: DBOS's public resume_workflow works one
+-- workflow at a time, in its own transaction, and moves workflows to its internal queue;
+-- nothing public re-enqueues a set of workflows atomically with our own row.
+WITH me AS (
+  UPDATE ledgerloop.executor
+  SET heartbeat_at = now(),
+      streak_started_at = CASE
+        WHEN heartbeat_at < now() - make_interval(secs => %(gap_s)s) THEN now()
+        ELSE streak_started_at END
+  WHERE id = %(id)s
+  RETURNING streak_started_at <= now() - make_interval(secs => %(stale_s)s) AS judge
+),
+dead AS (
+  DELETE FROM ledgerloop.executor
+  WHERE id IN (
+    SELECT e.id FROM ledgerloop.executor e
+    WHERE e.id <> %(id)s
+      AND (SELECT judge FROM me)
+      AND (
+        e.heartbeat_at < now() - make_interval(secs => %(stale_s)s)
+        OR (e.heartbeat_at < now() - make_interval(secs => %(lease_s)s)
+            AND e.heartbeat_at > %(session_since)s
+            AND pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key))
+      )
+    FOR UPDATE SKIP LOCKED
+  )
+  RETURNING id, hostname, extract(epoch FROM now() - heartbeat_at)::float8 AS silent_s
+),
+-- SKIP LOCKED: a frozen worker can hold a lock on one of its workflow rows (it stopped in
+-- the middle of a checkpoint). Waiting for it would stall this heartbeat; that row stays
+-- PENDING under a worker with no row, and either the frozen worker comes back and goes on
+-- with it (it still owns it) or the orphan sweep puts it back once the lock is gone.
+claimable AS (
+  SELECT w.workflow_uuid FROM dbos.workflow_status w
+  WHERE w.executor_id IN (SELECT id FROM dead) AND w.status = 'PENDING'
+  FOR UPDATE OF w SKIP LOCKED
+),
+moved AS (
+  UPDATE dbos.workflow_status w
+  SET status = 'ENQUEUED',
+      owner_xid = NULL,
+      started_at_epoch_ms = NULL,
+      queue_name = coalesce(w.queue_name, '_dbos_internal_queue'),
+      updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+  WHERE w.workflow_uuid IN (SELECT workflow_uuid FROM claimable)
+  RETURNING w.executor_id
+),
+-- A peer whose session is gone but whose lease has not yet run out: in how many seconds it
+-- may be taken over. The worker ticks again at that moment instead of at its next
+-- heartbeat, so a killed worker is taken over as soon as its lease allows. (Its row stays
+-- untouched here; the next tick judges it like any other.)
+due AS (
+  SELECT min(extract(epoch FROM
+             e.heartbeat_at + make_interval(secs => %(lease_s)s) - now()))::float8 AS due_s
+  FROM ledgerloop.executor e
+  WHERE e.id <> %(id)s
+    AND (SELECT judge FROM me)
+    AND e.id NOT IN (SELECT id FROM dead)
+    AND e.heartbeat_at >= now() - make_interval(secs => %(lease_s)s)
+    AND e.heartbeat_at > %(session_since)s
+    AND pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key)
+)
+SELECT %(id)s AS id, EXISTS (SELECT 1 FROM me) AS alive, NULL::text AS hostname,
+       NULL::float8 AS silent_s, 0::bigint AS runs, (SELECT due_s FROM due) AS due_s, 0 AS ord
+UNION ALL
+SELECT d.id, false, d.hostname, d.silent_s,
+       (SELECT count(*) FROM moved m WHERE m.executor_id = d.id), NULL, 1
+FROM dead d
+ORDER BY ord
+
+-- name: executor_sweep_orphans
+-- PENDING workflows whose executor has no row: a worker that was taken over and died
+-- before it could register again, or one removed by hand. Only rows untouched for
+-- %(stale_s)s: a worker that registers again touches its rows in that transaction
+-- (executor_register), and this UPDATE re-reads a row that changed under it.
+WITH me AS (
+  SELECT 1 FROM ledgerloop.executor
+  WHERE id = %(id)s AND streak_started_at <= now() - make_interval(secs => %(stale_s)s)
+),
+orphans AS (
+  SELECT w.workflow_uuid FROM dbos.workflow_status w
+  WHERE w.status = 'PENDING'
+    AND EXISTS (SELECT 1 FROM me)
+    AND w.executor_id IS NOT NULL
+    AND w.updated_at < (extract(epoch FROM now()) * 1000)::bigint - %(stale_s)s * 1000
+    AND NOT EXISTS (SELECT 1 FROM ledgerloop.executor e WHERE e.id = w.executor_id)
+  FOR UPDATE OF w SKIP LOCKED
+)
+UPDATE dbos.workflow_status w
+SET status = 'ENQUEUED',
+    owner_xid = NULL,
+    started_at_epoch_ms = NULL,
+    queue_name = coalesce(w.queue_name, '_dbos_internal_queue'),
+    updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+WHERE w.workflow_uuid IN (SELECT workflow_uuid FROM orphans)
+  AND w.status = 'PENDING'
+  AND w.updated_at < (extract(epoch FROM now()) * 1000)::bigint - %(stale_s)s * 1000
+RETURNING w.workflow_uuid, w.executor_id
+
+-- name: executor_unregister
+-- A clean stop: the runs this worker was executing go back on their queue, then its row
+-- goes. One transaction: a stop that dies halfway leaves the row, and a survivor takes the
+-- runs over as it would after a crash. (Direct write for the reason given above.)
+WITH moved AS (
+  UPDATE dbos.workflow_status
+  SET status = 'ENQUEUED',
+      owner_xid = NULL,
+      started_at_epoch_ms = NULL,
+      queue_name = coalesce(queue_name, '_dbos_internal_queue'),
+      updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+  WHERE executor_id = %(id)s AND status = 'PENDING'
+  RETURNING workflow_uuid
+),
+gone AS (
+  DELETE FROM ledgerloop.executor WHERE id = %(id)s RETURNING id
+)
+SELECT (SELECT count(*) FROM moved) AS runs, (SELECT count(*) FROM gone) AS rows
+
+-- name: executor_lock
+SELECT pg_try_advisory_lock(%(lock_ns)s, %(lock_key)s) AS locked
+
+-- name: workflow_owner
+SELECT owner_xid, status, executor_id
+FROM dbos.workflow_status
+WHERE workflow_uuid = %(workflow_id)s
+
+-- name: workers_list
+SELECT e.id, e.hostname, e.pid, e.application_version, e.software_version, e.started_at,
+       extract(epoch FROM now() - e.heartbeat_at)::float8 AS heartbeat_age_s,
+       (SELECT count(*) FROM dbos.workflow_status w
+        WHERE w.executor_id = e.id AND w.status = 'PENDING') AS runs_executing
+FROM ledgerloop.executor e
+ORDER BY e.started_at, e.id
+
+-- name: runs_stuck
+-- Runs that need a look: the run and its workflow disagree (for %(stale_s)s: every run's end
+-- commits its status inside its last step, a moment before DBOS closes the workflow), or the
+-- workflow is PENDING under a worker that is not alive (no row, or silent for %(stale_s)s),
+-- or ENQUEUED for an application version no live worker runs.
+SELECT r.id AS run_id, r.tenant_id, r.agent, r.status AS run_status, r.updated_at,
+       w.status AS workflow_status, w.executor_id, w.application_version,
+       CASE
+         WHEN w.workflow_uuid IS NULL THEN 'no workflow'
+         WHEN r.status IN ('succeeded', 'failed', 'cancelled')
+              AND w.status IN ('PENDING', 'ENQUEUED', 'DELAYED')
+           THEN 'run finished, workflow ' || w.status
+         WHEN r.status NOT IN ('succeeded', 'failed', 'cancelled')
+              AND w.status NOT IN ('PENDING', 'ENQUEUED', 'DELAYED')
+           THEN 'run ' || r.status || ', workflow ' || w.status
+         WHEN w.status = 'PENDING' AND e.id IS NULL THEN 'pending, its worker is gone'
+         WHEN w.status = 'PENDING' THEN 'pending, its worker is silent'
+         ELSE 'enqueued, no live worker runs version ' || w.application_version
+       END AS problem
+FROM ledgerloop.agent_run r
+LEFT JOIN dbos.workflow_status w ON w.workflow_uuid = r.id::text
+LEFT JOIN ledgerloop.executor e ON e.id = w.executor_id
+WHERE w.workflow_uuid IS NULL
+   OR (r.status IN ('succeeded', 'failed', 'cancelled')
+       AND w.status IN ('PENDING', 'ENQUEUED', 'DELAYED')
+       AND r.updated_at < now() - make_interval(secs => %(stale_s)s))
+   OR (r.status NOT IN ('succeeded', 'failed', 'cancelled')
+       AND w.status NOT IN ('PENDING', 'ENQUEUED', 'DELAYED')
+       AND r.updated_at < now() - make_interval(secs => %(stale_s)s))
+   OR (w.status = 'PENDING'
+       AND (e.id IS NULL OR e.heartbeat_at < now() - make_interval(secs => %(stale_s)s)))
+   OR (w.status = 'ENQUEUED' AND w.application_version IS NOT NULL
+       AND NOT EXISTS (
+         SELECT 1 FROM ledgerloop.executor l
+         WHERE l.application_version = w.application_version
+           AND l.heartbeat_at >= now() - make_interval(secs => %(stale_s)s)))
+ORDER BY r.created_at
+LIMIT %(limit)s

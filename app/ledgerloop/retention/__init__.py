@@ -1,0 +1,1 @@
+"""Retention: purging finished runs from both schemas (`ledgerloop runs purge`)."""

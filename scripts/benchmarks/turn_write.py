@@ -1,0 +1,177 @@
+"""A write-tool turn against a read-tool turn, on Ledgerloop, side by side in one run.
+
+Three one-run jobs with the same zero-latency scripted model: an answer only; one read-tool
+turn then the answer; one write-tool turn (its effect and outbox row in one commit, the
+relay's delivery to the ticket service in its own process, the outcome back to the run) then
+the answer. A turn costs its run less the answer-only run; the write turn's downstream time
+(the same POST to the same ticket service from a keep-alive client, timed in the same rounds)
+is left out too. Target: a write-tool turn <= 1.5x a read-tool turn. Database work per run is
+read from Postgres as in `turn`. BENCH_TURN_WRITE_ROUNDS, BENCH_TURN_WRITE_RUNS.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from pydantic import BaseModel
+
+from ledgerloop.agent.definition import Agent, register_agent
+from ledgerloop.runtime import Runtime
+from ledgerloop.services import relay_service
+from ledgerloop.tools.registry import HttpEffect, ToolContext, read_tool, write_tool
+from scripts.benchmarks.common import run_in_worker, scripted, settings_for
+from scripts.benchmarks.effects import ticket_service
+from scripts.benchmarks.turn import Cost, Meter, _metered_cluster, _run_ledgerloop
+
+ROUNDS = int(os.environ.get("BENCH_TURN_WRITE_ROUNDS", "7"))
+RUNS = int(os.environ.get("BENCH_TURN_WRITE_RUNS", "10"))
+TICKET = {"title": "disk full on db-1", "body": "clean up /var/log", "priority": "normal"}
+
+SCRIPT = f"""
+default: {{turns: [{{text: done}}]}}
+conversations:
+  - match: READ
+    turns: [{{tool_use: {{name: bench_lookup, input: {{key: k0}}}}}}, {{text: done}}]
+  - match: WRITE
+    turns: [{{tool_use: {{name: bench_ticket, input: {TICKET}}}}}, {{text: done}}]
+"""
+
+POLICY = """
+version: "bench"
+tools:
+  bench_ticket: {requires_approval: false, timeout_ms: 8000}
+  bench_lookup: {requires_approval: false, timeout_ms: 2000}
+  write_ticket: {requires_approval: true}   # the example agent the worker loads
+destinations:
+  tickets: http://127.0.0.1:9
+"""
+
+
+class KeyArgs(BaseModel):
+    key: str
+
+
+class TicketArgs(BaseModel):
+    title: str
+    body: str
+    priority: str
+
+
+@read_tool("bench_lookup", "Look a key up.", KeyArgs)
+async def bench_lookup(args: KeyArgs, ctx: ToolContext) -> str:
+    return f"value of {args.key}"
+
+
+@write_tool(
+    "bench_ticket",
+    "File a ticket.",
+    TicketArgs,
+    HttpEffect(
+        destination="tickets",
+        method="POST",
+        path="/idempotent/tickets",
+        honours_idempotency=True,
+        lookup_path="/idempotent/tickets/by-key/{key}",
+    ),
+)
+def bench_ticket(args: Any) -> dict[str, Any]:
+    ticket: TicketArgs = args
+    return ticket.model_dump()
+
+
+AGENTS = {
+    name: register_agent(Agent(name=f"bench_{name}_turn", system="You act.", tools=tools))
+    for name, tools in (("answer", ()), ("read", (bench_lookup,)), ("write", (bench_ticket,)))
+}
+
+
+def main() -> None:
+    proc, tickets_url = ticket_service()
+    try:
+        with (
+            _metered_cluster() as url,
+            scripted(SCRIPT) as model,
+            tempfile.TemporaryDirectory() as tmp,
+        ):
+            policy = Path(tmp) / "policy.yaml"
+            policy.write_text(POLICY)
+            meter = Meter(url)
+            settings = settings_for(
+                url, model.url, policy_file=policy, destinations={"tickets": tickets_url}
+            )
+
+            async def body(runtime: Runtime) -> dict[str, Any]:
+                poll = await psycopg.AsyncConnection.connect(url, autocommit=True)
+                client = httpx.AsyncClient()
+
+                async def downstream(n: int) -> None:
+                    for _ in range(n):
+                        key = str(uuid.uuid4())
+                        reply = await client.post(
+                            f"{tickets_url}/idempotent/tickets",
+                            json=TICKET,
+                            headers={"Idempotency-Key": key},
+                        )
+                        reply.raise_for_status()
+
+                def job(kind: str) -> Any:
+                    agent = AGENTS[kind].name
+                    tag = kind.upper()
+                    return lambda n: _run_ledgerloop(runtime, poll, n, agent=agent, tag=tag)
+
+                systems = {kind: job(kind) for kind in AGENTS}
+                systems["downstream"] = downstream
+                costs: dict[str, list[Cost]] = {name: [] for name in systems}
+                try:
+                    for go in systems.values():
+                        await go(2)
+                    for _ in range(ROUNDS):
+                        for name, go in systems.items():
+                            mark = meter.start()
+                            await go(RUNS)
+                            costs[name].append(meter.stop(mark))
+                finally:
+                    await poll.close()
+                    await client.aclose()
+                return {"costs": costs}
+
+            result = run_in_worker(settings, url, body, services=[relay_service])
+            meter.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    _report(result["costs"])
+
+
+def _med(rows: list[Cost], field: str) -> float:
+    return statistics.median(getattr(c, field) for c in rows) / RUNS
+
+
+def _report(costs: dict[str, list[Cost]]) -> None:
+    ms = {name: _med(rows, "seconds") * 1000 for name, rows in costs.items()}
+    read_turn = ms["read"] - ms["answer"]
+    write_turn = ms["write"] - ms["answer"] - ms["downstream"]
+    print(
+        f"\nturn_write: one tool turn then the answer, {ROUNDS} rounds x {RUNS} runs "
+        f"(medians per run, {time.strftime('%Y-%m-%d')})"
+    )
+    print(f"  {'job':<34} {'ms/run':>8} {'stmts':>7} {'commits':>8} {'WAL KB':>8}")
+    for name, rows in costs.items():
+        stmts, commits = _med(rows, "statements"), _med(rows, "commits")
+        wal = _med(rows, "wal_bytes") / 1024
+        print(f"  {name:<34} {ms[name]:>8.1f} {stmts:>7.0f} {commits:>8.1f} {wal:>8.1f}")
+    print(f"  read-tool turn (read - answer): {read_turn:.1f} ms")
+    print(f"  write-tool turn (write - answer - downstream): {write_turn:.1f} ms")
+    print(f"  ratio: {write_turn / read_turn:.2f}x (target <= 1.5x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,669 @@
+"""The DBOS behaviours Ledgerloop relies on beyond DBOS's public API: one test per entry of
+ledgerloop.dbos_internals.INTERNALS, each failing with a message that names the behaviour.
+
+These are what a DBOS upgrade is checked by (docs/operations.md). They drive DBOS with the
+test's own small workflows on a real worker, and use Ledgerloop's own SQL (the hibernation park
+and requeue, the stop-time requeue) where that is what relies on the behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from dbos import DBOS, DBOSClient, DBOSPortableJSONSerializer
+
+from ledgerloop.agent.loop import QUEUE_NAME
+from ledgerloop.db.connect import Conn
+from ledgerloop.db.sql import load_queries
+from ledgerloop.dbos_internals import internal
+from ledgerloop.runs.start import grant_start_run, start_run
+from ledgerloop.testing.postgres import DatabaseFactory, wait_until
+
+HIBERNATION = load_queries("ledgerloop.agent", "hibernation.sql")
+WAITER = "ll_contract_waiter"
+#: The contract workflows' executions waiting in recv, by workflow id.
+_WAITING: dict[str, asyncio.Task[Any]] = {}
+
+
+def broken(name: str, observed: str) -> str:
+    entry = internal(name)
+    return (
+        f"DBOS no longer behaves as Ledgerloop relies on ({entry.name}): {entry.relies_on}. "
+        f"Observed: {observed}. Used by {', '.join(entry.used_in)}; see "
+        "ledgerloop/dbos_internals.py for why it stays and docs/operations.md for the upgrade."
+    )
+
+
+async def _mark() -> str:
+    return "marked"
+
+
+@DBOS.workflow(name=WAITER, max_recovery_attempts=1)
+async def contract_waiter(topic: str) -> Any:
+    """One step, then a wait for a message on `topic`; returns the message."""
+    await DBOS.run_step_async({"name": "mark"}, _mark)
+    task = asyncio.current_task()
+    assert task is not None
+    assert DBOS.workflow_id is not None
+    _WAITING[DBOS.workflow_id] = task
+    try:
+        return await DBOS.recv_async(topic, 60)
+    finally:
+        _WAITING.pop(DBOS.workflow_id, None)
+
+
+@DBOS.workflow(name="ll_contract_recv_id")
+async def contract_recv_id() -> dict[str, int | None]:
+    """A step, a recv; returns their operation ids as Ledgerloop's tracing reads them."""
+    from ledgerloop.agent.dbos_waiters import last_recv_id, last_step_id
+
+    await DBOS.run_step_async({"name": "mark"}, _mark)
+    step_id = last_step_id()
+    await DBOS.recv_async("t", 0.1)
+    return {"step": step_id, "recv": last_recv_id()}
+
+
+def _start(conn: Conn, topic: str = "t") -> str:
+    workflow_id = str(uuid.uuid4())
+    conn.execute(
+        "SELECT dbos.enqueue_workflow(%(name)s, %(queue)s, ARRAY[to_json(%(topic)s::text)], "
+        "workflow_id => %(id)s)",
+        {"name": WAITER, "queue": QUEUE_NAME, "topic": topic, "id": workflow_id},
+    )
+    _waiting(workflow_id)
+    return workflow_id
+
+
+def _waiting(workflow_id: str, timeout: float = 20) -> asyncio.Task[Any]:
+    """The workflow's current execution, once it waits in recv."""
+    task: asyncio.Task[Any] = wait_until(lambda: _WAITING.get(workflow_id), timeout=timeout)  # type: ignore[assignment]
+    return task
+
+
+def _evict(workflow_id: str) -> None:
+    """What hibernation does first: cancel the waiting execution's task."""
+    task = _waiting(workflow_id)
+    task.get_loop().call_soon_threadsafe(task.cancel)
+    wait_until(lambda: task.done() and workflow_id not in _WAITING, timeout=10)
+
+
+def _row(conn: Conn, workflow_id: str) -> dict[str, Any]:
+    row = conn.execute(
+        "SELECT status, owner_xid, recovery_attempts, delay_until_epoch_ms, queue_name, "
+        "executor_id FROM dbos.workflow_status WHERE workflow_uuid = %s",
+        (workflow_id,),
+    ).fetchone()
+    assert row is not None, f"no workflow {workflow_id}"
+    return dict(row)
+
+
+def _hibernation(conn: Conn, query: str, workflow_id: str, executor_id: str, **extra: Any) -> int:
+    """Run one of the hibernation's statements (`workflow_park`, `workflow_requeue`) as the
+    park does: under the row lock."""
+    params = {
+        "queue": QUEUE_NAME,
+        "workflow_id": workflow_id,
+        "topic": "t",
+        "executor_id": executor_id,
+        "until_ms": int((time.time() + 3600) * 1000),
+        **extra,
+    }
+    with conn.transaction():
+        conn.execute(HIBERNATION["workflow_lock"], params)
+        return conn.execute(HIBERNATION[query], params).rowcount
+
+
+def _send(conn: Conn, workflow_id: str, message: str, topic: str = "t") -> None:
+    conn.execute(
+        "SELECT dbos.send_message(%s, to_json(%s::text), %s)", (workflow_id, message, topic)
+    )
+
+
+def _result(workflow_id: str, name: str, timeout: float = 20) -> Any:
+    def done() -> Any:
+        status = DBOS.get_workflow_status(workflow_id)
+        return status if status and status.status not in ("PENDING", "ENQUEUED") else None
+
+    status = wait_until(done, timeout=timeout)
+    assert status.status == "SUCCESS", broken(name, f"the workflow ended {status.status}")
+    return status.output
+
+
+pytestmark = pytest.mark.usefixtures("contract_worker")
+
+
+def test_notification_waiters(cconn: Conn) -> None:
+    from ledgerloop.agent.dbos_waiters import arriving, watch
+
+    name = "notification-waiters"
+    workflow_id = _start(cconn)
+    try:
+        assert not arriving(workflow_id, "watched"), broken(
+            name, "the waiter map could not be read (arriving() fell back to yes)"
+        )
+
+        async def watched() -> bool:
+            with watch(workflow_id, "watched") as seen:
+                await asyncio.to_thread(_send, cconn, workflow_id, "hello", "watched")
+                signalled = await seen.wait(10)
+                return signalled and arriving(workflow_id, "watched")
+
+        assert asyncio.run(watched()), broken(
+            name, "a message sent to the watched topic never set the registered event"
+        )
+    finally:
+        _send(cconn, workflow_id, "done")
+    assert _result(workflow_id, name) == "done"
+
+
+def test_operation_counter(cconn: Conn) -> None:
+    name = "operation-counter"
+    workflow_id = str(uuid.uuid4())
+    cconn.execute(
+        "SELECT dbos.enqueue_workflow('ll_contract_recv_id', %(queue)s, ARRAY[]::json[], "
+        "workflow_id => %(id)s)",
+        {"queue": QUEUE_NAME, "id": workflow_id},
+    )
+    ids = _result(workflow_id, name)
+    recv_id, step_id = ids["recv"], ids["step"]
+    steps = {s["function_id"]: s["function_name"] for s in DBOS.list_workflow_steps(workflow_id)}
+    assert recv_id is not None, broken(name, "no workflow context in workflow code")
+    assert step_id is not None, broken(name, "no workflow context after a step")
+    assert steps.get(step_id) == "mark", broken(
+        name, f"read {step_id} right after the step 'mark'; the journal is {steps}"
+    )
+    assert steps.get(recv_id) == "DBOS.recv", broken(
+        name, f"read {recv_id} after the recv; the journal is {steps}"
+    )
+    assert steps.get(recv_id + 1) == "DBOS.sleep", broken(
+        name, f"the recv's timeout is not the next operation: {steps}"
+    )
+
+
+def test_journal_read(cconn: Conn) -> None:
+    name = "journal-read"
+    tracing = load_queries("ledgerloop.agent", "tracing.sql")
+    workflow_id = str(uuid.uuid4())
+    cconn.execute(
+        "SELECT dbos.enqueue_workflow('ll_contract_recv_id', %(queue)s, ARRAY[]::json[], "
+        "workflow_id => %(id)s)",
+        {"queue": QUEUE_NAME, "id": workflow_id},
+    )
+    recv_id = _result(workflow_id, name)["recv"]
+    steps = DBOS.list_workflow_steps(workflow_id, load_output=False)
+    read = cconn.execute(tracing["journal_end"], {"workflow_id": workflow_id}).fetchone()
+    assert read is not None
+    assert read["journal_end"] == recv_id, broken(
+        name, f"the journal read ends at {read['journal_end']}; DBOS lists {steps}"
+    )
+    assert read["last_checkpoint_ms"] == max(s["completed_at_epoch_ms"] or 0 for s in steps), (
+        broken(name, f"last checkpoint {read['last_checkpoint_ms']}; DBOS lists {steps}")
+    )
+
+
+def test_cancelled_task_records_nothing(cconn: Conn, contract_worker: str) -> None:
+    name = "cancelled-task-records-nothing"
+    workflow_id = _start(cconn)
+    _evict(workflow_id)
+    status = DBOS.get_workflow_status(workflow_id)
+    assert status is not None
+    assert status.status == "PENDING", broken(name, f"the workflow became {status.status}")
+    assert status.error is None, broken(name, f"an error was recorded: {status.error!r}")
+    steps = [s["function_name"] for s in DBOS.list_workflow_steps(workflow_id)]
+    assert "mark" in steps, broken(name, f"the step before the wait is missing: {steps}")
+    assert not any("recv" in s.lower() for s in steps), broken(
+        name, f"the cancelled recv was recorded as a step: {steps}"
+    )
+    # The next execution replays the journal and waits again; the message then ends it.
+    assert _hibernation(cconn, "workflow_requeue", workflow_id, contract_worker) == 1
+    _waiting(workflow_id)
+    _send(cconn, workflow_id, "replayed")
+    assert _result(workflow_id, name) == "replayed"
+
+
+def test_delayed_park(cconn: Conn, contract_worker: str) -> None:
+    name = "delayed-park"
+    due, later = _start(cconn), _start(cconn)
+    for workflow_id in (due, later):
+        _evict(workflow_id)
+    past = int((time.time() - 1) * 1000)
+    assert _hibernation(cconn, "workflow_park", due, contract_worker, until_ms=past) == 1
+    assert _hibernation(cconn, "workflow_park", later, contract_worker) == 1
+    assert _row(cconn, later)["status"] == "DELAYED"
+    try:
+        # DBOS moves due DELAYED rows in a background job (every second by default; a
+        # fleet worker may run it less often), so allow it a generous deadline.
+        _waiting(due, timeout=40)
+    except AssertionError:
+        pytest.fail(broken(name, f"a DELAYED workflow past its delay stayed {_row(cconn, due)}"))
+    # The pass that dispatched `due` saw `later` too, and left it parked.
+    assert _row(cconn, later)["status"] == "DELAYED", broken(
+        name, f"a DELAYED workflow was taken before its delay: {_row(cconn, later)}"
+    )
+    _send(cconn, due, "woken")
+    assert _result(due, name) == "woken"
+    DBOS.set_workflow_delay(later, delay_seconds=0)  # public: only for a DELAYED workflow
+    _waiting(later, timeout=40)
+    _send(cconn, later, "woken")
+    assert _result(later, name) == "woken"
+
+
+def test_requeue_owner_token(cconn: Conn, contract_worker: str) -> None:
+    name = "requeue-owner-token"
+    workflow_id = _start(cconn)
+    first_owner = _row(cconn, workflow_id)["owner_xid"]
+    assert first_owner, broken(name, "a dispatched workflow has no owner_xid")
+    _evict(workflow_id)
+    assert _hibernation(cconn, "workflow_requeue", workflow_id, contract_worker) == 1
+    try:
+        _waiting(workflow_id)
+    except AssertionError:
+        row = _row(cconn, workflow_id)
+        pytest.fail(broken(name, f"the requeued row was never dispatched: {row}"))
+    second_owner = _row(cconn, workflow_id)["owner_xid"]
+    assert second_owner not in (None, first_owner), broken(
+        name, f"the new dispatch kept owner_xid {first_owner!r} (now {second_owner!r})"
+    )
+    _send(cconn, workflow_id, "owned")
+    assert _result(workflow_id, name) == "owned"
+
+
+def test_recovery_attempts(cconn: Conn, contract_worker: str) -> None:
+    """WAITER allows one recovery: DBOS dead-letters it at its third dispatch unless each
+    hibernation gives its dispatch back, which the park and the requeue do."""
+    name = "recovery-attempts"
+    kept = _start(cconn)
+    assert _row(cconn, kept)["recovery_attempts"] == 1, broken(
+        name, f"the first dispatch counted {_row(cconn, kept)['recovery_attempts']}"
+    )
+    for _ in range(3):
+        _evict(kept)
+        assert _hibernation(cconn, "workflow_requeue", kept, contract_worker) == 1
+        assert _row(cconn, kept)["recovery_attempts"] == 0, "the requeue gave nothing back"
+        _waiting(kept)
+        assert _row(cconn, kept)["recovery_attempts"] == 1, broken(
+            name, f"a dispatch counted {_row(cconn, kept)['recovery_attempts']} (expected 1)"
+        )
+    _send(cconn, kept, "kept")
+    assert _result(kept, name) == "kept"
+
+    # The same dispatches without giving any back: DBOS dead-letters the workflow at its
+    # third (so the decrement is still needed).
+    dropped = _start(cconn)
+    for dispatch in (2, 3):
+        _evict(dropped)
+        cconn.execute(
+            "UPDATE dbos.workflow_status SET status = 'ENQUEUED', owner_xid = NULL, "
+            "started_at_epoch_ms = NULL WHERE workflow_uuid = %s",
+            (dropped,),
+        )
+        if dispatch == 2:
+            _waiting(dropped)
+
+    def settled() -> str | None:
+        if dropped in _WAITING:
+            return "dispatched again"
+        status = str(_row(cconn, dropped)["status"])
+        return status if status not in ("ENQUEUED", "PENDING") else None
+
+    outcome = wait_until(settled, timeout=15)
+    if outcome == "dispatched again":
+        _send(cconn, dropped, "end")
+    assert outcome == "MAX_RECOVERY_ATTEMPTS_EXCEEDED", broken(
+        name, f"a third dispatch of a workflow allowing one recovery was {outcome}"
+    )
+
+
+def test_notifications_trigger(cconn: Conn, contract_db: str) -> None:
+    """Each way of sending wakes a parked run through the trigger on dbos.notifications."""
+    name = "notifications-trigger"
+    far = int((time.time() + 3600) * 1000)
+
+    def parked_run() -> str:
+        # A run's workflow parked on a queue nobody listens to: only the trigger moves it.
+        run_id = str(uuid.uuid4())
+        cconn.execute(
+            "SELECT dbos.enqueue_workflow('ledgerloop_run', 'll_contract_idle', "
+            "ARRAY[to_json(%(id)s::text)], workflow_id => %(id)s, "
+            "delay_until_epoch_ms => %(far)s)",
+            {"id": run_id, "far": far},
+        )
+        assert _row(cconn, run_id)["status"] == "DELAYED"
+        return run_id
+
+    client = DBOSClient(
+        system_database_url=contract_db,
+        serializer=DBOSPortableJSONSerializer(),
+        system_database_pool_size=1,
+    )
+    try:
+        senders = {
+            "DBOS.send": lambda run_id: DBOS.send(run_id, "m", "t"),
+            "DBOSClient.send": lambda run_id: client.send(run_id, "m", "t"),
+            "dbos.send_message": lambda run_id: _send(cconn, run_id, "m"),
+        }
+        for sender, send in senders.items():
+            run_id = parked_run()
+            send(run_id)
+            row = _row(cconn, run_id)
+            woken = (row["status"], row["delay_until_epoch_ms"])
+            assert woken == ("ENQUEUED", None), broken(
+                name, f"{sender} to a parked run left it {row['status']}"
+            )
+    finally:
+        client.destroy()
+
+
+def test_unconsumed_messages(cconn: Conn) -> None:
+    from ledgerloop.effects.testing import messages_for
+
+    name = "unconsumed-messages"
+    workflow_id = _start(cconn)
+    params = {"workflow_id": workflow_id}
+    _send(cconn, workflow_id, "later", "other")
+    waiting = cconn.execute(HIBERNATION["message_waiting"], {**params, "topic": "other"})
+    assert waiting.fetchone() == {"waiting": True}, broken(name, "a sent message was not seen")
+    assert [m["message"] for m in messages_for(cconn, uuid.UUID(workflow_id), "other")] == [
+        "later"
+    ], broken(name, "the test helper could not read the message back")
+    _send(cconn, workflow_id, "now")
+    assert _result(workflow_id, name) == "now"
+    consumed = cconn.execute(HIBERNATION["message_waiting"], {**params, "topic": "t"})
+    assert consumed.fetchone() == {"waiting": False}, broken(
+        name, "a message recv consumed still reads as unconsumed"
+    )
+
+
+#: The columns Ledgerloop's SQL names in DBOS's tables, with their types.
+_COLUMNS = {
+    "workflow_status": {
+        "workflow_uuid": "text",
+        "status": "text",
+        "name": "text",
+        "executor_id": "text",
+        "queue_name": "text",
+        "owner_xid": "text",
+        "started_at_epoch_ms": "bigint",
+        "delay_until_epoch_ms": "bigint",
+        "recovery_attempts": "bigint",
+        "updated_at": "bigint",
+        "parent_workflow_id": "text",
+        "application_version": "text",
+    },
+    "notifications": {
+        "destination_uuid": "text",
+        "topic": "text",
+        "consumed": "boolean",
+        "message_uuid": "text",
+        "message": "text",
+        "serialization": "text",
+        "created_at_epoch_ms": "bigint",
+    },
+}
+
+
+def test_workflow_status_columns(cconn: Conn) -> None:
+    name = "workflow-status-columns"
+    rows = cconn.execute(
+        "SELECT table_name, column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = 'dbos' AND table_name = ANY(%s)",
+        (list(_COLUMNS),),
+    ).fetchall()
+    found = {(r["table_name"], r["column_name"]): r["data_type"] for r in rows}
+    for table, columns in _COLUMNS.items():
+        for column, data_type in columns.items():
+            assert found.get((table, column)) == data_type, broken(
+                name, f"dbos.{table}.{column} is {found.get((table, column)) or 'missing'}"
+            )
+    # Every statement of the hibernation plans against the installed tables.
+    for query in ("workflow_lock", "message_waiting", "workflow_park", "workflow_requeue"):
+        params = {"queue": "q", "workflow_id": "w", "topic": "t", "executor_id": "e"}
+        cconn.execute(f"EXPLAIN {HIBERNATION[query]}", {**params, "until_ms": 0})
+
+
+def test_migration_versions(cconn: Conn, contract_db: str, db_factory: DatabaseFactory) -> None:
+    from dbos._migration import get_migration_versions
+
+    from ledgerloop.db.url import sqlalchemy_url
+
+    def migration_versions(engine: sa.Engine) -> tuple[int, int]:
+        return get_migration_versions(engine, "dbos", True)
+
+    name = "migration-versions"
+    recorded = cconn.execute("SELECT version FROM dbos.dbos_migrations").fetchone()
+    assert recorded is not None
+    engine = sa.create_engine(sqlalchemy_url(contract_db), poolclass=sa.NullPool)
+    try:
+        current = migration_versions(engine)
+    finally:
+        engine.dispose()
+    assert current == (recorded["version"], recorded["version"]), broken(
+        name, f"it read {current} on a database at version {recorded['version']}"
+    )
+    empty = db_factory.create(migrated=False)
+    engine = sa.create_engine(sqlalchemy_url(empty), poolclass=sa.NullPool)
+    try:
+        assert migration_versions(engine) == (0, recorded["version"]), broken(
+            name, "an empty database did not read as (0, latest)"
+        )
+    finally:
+        engine.dispose()
+        db_factory.drop(empty)
+
+
+def test_stopped_worker_requeue(cconn: Conn) -> None:
+    from ledgerloop.fleet.heartbeat import Q as FLEET
+
+    name = "stopped-worker-requeue"
+    workflow_id = _start(cconn)
+    _evict(workflow_id)
+    # As if a worker that stopped cleanly had been executing it (it is not on any queue now).
+    cconn.execute(
+        "UPDATE dbos.workflow_status SET executor_id = 'contract-stopped', queue_name = NULL "
+        "WHERE workflow_uuid = %s",
+        (workflow_id,),
+    )
+    cconn.execute(FLEET["executor_unregister"], {"id": "contract-stopped"})
+    try:
+        _waiting(workflow_id)
+    except AssertionError:
+        pytest.fail(broken(name, f"nobody dispatched it: {_row(cconn, workflow_id)}"))
+    _send(cconn, workflow_id, "requeued")
+    assert _result(workflow_id, name) == "requeued"
+
+
+@DBOS.workflow(name="ll_contract_fenced", max_recovery_attempts=1)
+async def contract_fenced() -> Any:
+    """A step that reads its execution's owner token and the row's; then a step whose body
+    raises DBOS's lost-ownership error, as the fence does (caught here, so the workflow ends
+    instead of being parked by DBOS)."""
+    from dbos._error import DBOSWorkflowConflictIDError
+
+    from ledgerloop.fleet import dbos_internals
+
+    token = await DBOS.run_step_async({"name": "token"}, _token)
+
+    async def lost() -> str:
+        raise dbos_internals.lost_ownership(DBOS.workflow_id or "")
+
+    try:
+        await DBOS.run_step_async({"name": "lost"}, lost)
+    except DBOSWorkflowConflictIDError:
+        return {"token": token, "stopped": True}
+    return {"token": token, "stopped": False}
+
+
+async def _token() -> list[str | None]:
+    """This execution's token as the fence reads it, and the one its row holds."""
+    from ledgerloop.db.connect import connect
+    from ledgerloop.fleet.dbos_internals import execution_owner
+    from ledgerloop.runtime import get_runtime
+
+    with connect(get_runtime().database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT owner_xid FROM dbos.workflow_status WHERE workflow_uuid = %s",
+            (DBOS.workflow_id,),
+        ).fetchone()
+    return [execution_owner(), row["owner_xid"] if row else None]
+
+
+def test_fleet_dispatch(cconn: Conn, contract_worker: str) -> None:
+    from ledgerloop.fleet import dbos_internals
+
+    name = "fleet-dispatch"
+    queue = DBOS.register_queue("ll_contract_dispatch", worker_concurrency=100)
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    for workflow_id in ids:
+        cconn.execute(
+            "SELECT dbos.enqueue_workflow(%s, %s, ARRAY[to_json('t'::text)], workflow_id => %s)",
+            (WAITER, "ll_contract_dispatch", workflow_id),
+        )
+    owner, claimed = dbos_internals.claim_batch(queue, 2)
+    assert len(claimed) == 2, broken(name, f"a claim bounded to 2 took {claimed}")
+    for workflow_id in claimed:
+        row = _row(cconn, workflow_id)
+        assert (row["status"], row["owner_xid"], row["executor_id"]) == (
+            "PENDING",
+            owner,
+            contract_worker,
+        ), broken(name, f"a claimed row reads {row}")
+    dbos_internals.start_claimed(owner, claimed)
+    for workflow_id in claimed:
+        _waiting(workflow_id)
+        _send(cconn, workflow_id, "dispatched")
+        assert _result(workflow_id, name) == "dispatched"
+    owner, rest = dbos_internals.claim_batch(queue, 2)
+    assert rest == [i for i in ids if i not in claimed], broken(name, f"then it took {rest}")
+    dbos_internals.start_claimed(owner, rest)
+    _waiting(rest[0])
+    _send(cconn, rest[0], "dispatched")
+    assert _result(rest[0], name) == "dispatched"
+
+
+def test_fleet_owner_token(cconn: Conn) -> None:
+    name = "fleet-owner-token"
+    handle = DBOS.start_workflow(contract_fenced)
+    result = handle.get_result()
+    steps = cconn.execute(
+        "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s",
+        (handle.get_workflow_id(),),
+    ).fetchall()
+    assert result["stopped"], broken(name, "the lost-ownership error did not reach the workflow")
+    assert [s["function_name"] for s in steps] == ["token"], broken(
+        name, f"the stopped step was recorded: {steps}"
+    )
+    token, row_owner = result["token"]
+    assert token is not None, broken(name, "no owner token in a step body")
+    assert token == row_owner, broken(name, f"the step saw {token}, the row held {row_owner}")
+
+
+def test_adopt_version(cconn: Conn) -> None:
+    name = "adopt-version"
+    adopt = load_queries("ledgerloop.deploy")["workflows_adopt"]
+    workflow_id = str(uuid.uuid4())
+    cconn.execute(
+        "SELECT dbos.enqueue_workflow(%(name)s, %(queue)s, ARRAY[to_json('t'::text)], "
+        "workflow_id => %(id)s, app_version => 'll-contract-old')",
+        {"name": WAITER, "queue": QUEUE_NAME, "id": workflow_id},
+    )
+    from ledgerloop.config import load_settings
+
+    version = load_settings().application_version  # as the contract worker's
+    adopted = cconn.execute(
+        adopt,
+        {
+            "ids": [workflow_id],
+            "statuses": ["ENQUEUED"],
+            "executors": [None],
+            "last_ops": [0],
+            "to_version": version,
+            "queue": QUEUE_NAME,
+            "stale_s": 5,
+        },
+    ).fetchall()
+    assert [r["workflow_uuid"] for r in adopted] == [workflow_id]
+    try:
+        _waiting(workflow_id)
+    except AssertionError:
+        row = _row(cconn, workflow_id)
+        pytest.fail(broken(name, f"the adopted workflow was never dispatched: {row}"))
+    _send(cconn, workflow_id, "adopted")
+    assert _result(workflow_id, name) == "adopted"
+
+
+def test_replay_harness() -> None:
+    name = "replay-harness"
+    for attribute in (
+        "run_step_async",
+        "recv_async",
+        "sleep_async",
+        "patch_async",
+        "deprecate_patch_async",
+        "start_workflow_async",
+    ):
+        assert callable(DBOS.__dict__.get(attribute) and getattr(DBOS, attribute)), broken(
+            name, f"DBOS.{attribute} is not a class attribute"
+        )
+    from ledgerloop.agent.episodes import EPISODE_WORKFLOW, episode_workflow
+
+    assert getattr(episode_workflow, "dbos_function_name", None) == EPISODE_WORKFLOW, broken(
+        name, "a workflow function does not carry its registered name as dbos_function_name"
+    )
+    descriptor = DBOS.__dict__.get("workflow_id")
+    assert hasattr(descriptor, "__get__"), broken(name, "DBOS.__dict__ has no workflow_id")
+    assert descriptor.__get__(None, DBOS) is None, broken(
+        name, "outside a workflow DBOS.workflow_id read through its descriptor is not None"
+    )
+
+
+def test_start_run_grants(cconn: Conn) -> None:
+    name = "start-run-grants"
+    role = f"ll_contract_{uuid.uuid4().hex[:8]}"
+    cconn.execute(f'CREATE ROLE "{role}" NOSUPERUSER NOLOGIN')  # type: ignore[arg-type]
+    try:
+        grant_start_run(cconn, role)
+        with cconn.transaction():
+            cconn.execute(f'SET LOCAL ROLE "{role}"')  # type: ignore[arg-type]
+            try:
+                run_id = start_run(cconn, agent="contract_grants", input={"message": "x"})
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise AssertionError(
+                    broken(name, f"enqueueing needs more than the grants: {exc}")
+                ) from exc
+        row = cconn.execute(
+            "SELECT status FROM dbos.workflow_status WHERE workflow_uuid = %s", (str(run_id),)
+        ).fetchone()
+        assert row is not None, broken(name, "enqueue_workflow wrote no workflow_status row")
+    finally:
+        cconn.execute(f'DROP OWNED BY "{role}"')  # type: ignore[arg-type]
+        cconn.execute(f'DROP ROLE "{role}"')  # type: ignore[arg-type]
+
+
+def test_dispatch_trigger(cconn: Conn, contract_db: str) -> None:
+    name = "dispatch-trigger"
+    client = DBOSClient(system_database_url=contract_db)
+    try:
+        with psycopg.connect(contract_db, autocommit=True) as listener:
+            listener.execute("LISTEN ledgerloop_runs")
+            workflow_id = str(uuid.uuid4())
+            client.enqueue(
+                {
+                    "workflow_name": "ll_contract_recv_id",
+                    "queue_name": QUEUE_NAME,
+                    "workflow_id": workflow_id,
+                }
+            )
+            woken = [n.channel for n in listener.notifies(timeout=5, stop_after=1)]
+    finally:
+        client.destroy()
+    row = _row(cconn, workflow_id)
+    assert woken == ["ledgerloop_runs"], broken(
+        name, f"enqueueing sent no notification; the workflow's row is {row}"
+    )
+    _result(workflow_id, name)  # and the contract worker ran it

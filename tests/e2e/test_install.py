@@ -1,0 +1,127 @@
+"""Installed from a built wheel into a fresh environment, next to a project with its own `app`.
+
+The wheel is built from this checkout and installed with pip (no editable install, no source
+tree on the path); the fresh environment borrows the dependencies from this one's
+site-packages through a path entry, so nothing is downloaded but the build backend.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ledgerloop.testing.postgres import DatabaseFactory
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
+    proc = subprocess.run(
+        args, capture_output=True, text=True, timeout=300, env=env, check=False, **kwargs
+    )  # type: ignore[call-overload]
+    assert proc.returncode == 0, f"{args}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, set[str]]:
+    """(the fresh environment's python, its site-packages, the names the install added)."""
+    root = tmp_path_factory.mktemp("install")
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root), str(REPO)])
+    (wheel,) = root.glob("ledgerloop-*.whl")
+    env_dir = root / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)])
+    python = env_dir / "bin" / "python"
+    site = Path(
+        _run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+        ).stdout.strip()
+    )
+    # The dependencies, from this environment (a path entry: its .pth files, the editable
+    # install of this checkout among them, are not processed).
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    before = set(os.listdir(site))
+    pip = [sys.executable, "-m", "pip", "--python", str(python)]
+    _run([*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)])
+    added = set(os.listdir(site)) - before - {"__pycache__"}
+    return python, site, added
+
+
+def test_ledgerloop_is_the_only_new_top_level_name(
+    installed: tuple[Path, Path, set[str]],
+) -> None:
+    _, _, added = installed
+    importable = {name for name in added if not name.endswith((".dist-info", ".pth"))}
+    assert importable == {"ledgerloop"}, added
+    assert any(name.startswith("ledgerloop-") and name.endswith(".dist-info") for name in added)
+
+
+def test_a_project_with_its_own_app_package_imports_both(
+    installed: tuple[Path, Path, set[str]], tmp_path: Path
+) -> None:
+    python, site, _ = installed
+    project = tmp_path / "project"
+    (project / "app").mkdir(parents=True)
+    (project / "app" / "__init__.py").write_text('NAME = "the project app"\n')
+    script = (
+        "import sys, app, ledgerloop, ledgerloop.cli\n"
+        "print(app.NAME)\n"
+        "print(ledgerloop.__file__)\n"
+        "print(ledgerloop.Agent.__module__, ledgerloop.start_run.__name__)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'app'))\n"
+    )
+    out = _run([str(python), "-c", script], cwd=str(project)).stdout.splitlines()
+    assert out[0] == "the project app"
+    assert Path(out[1]).is_relative_to(site), out[1]
+    assert out[2] == "ledgerloop.agent.definition start_run"
+    assert out[3] == "['app']"
+
+
+def test_db_upgrade_works_from_the_wheel(
+    installed: tuple[Path, Path, set[str]], db_factory: DatabaseFactory, tmp_path: Path
+) -> None:
+    python, _, _ = installed
+    url = db_factory.create(migrated=False)
+    try:
+        _run(
+            [str(python.parent / "ledgerloop"), "db", "upgrade"],
+            cwd=str(tmp_path),
+            env={"LEDGERLOOP_DATABASE_URL": url},
+        )
+        heads = sorted(
+            p.name.split("_")[0] for p in (REPO / "migrations" / "versions").glob("0*.py")
+        )
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT version_num FROM ledgerloop.alembic_version").fetchone()
+        assert row is not None
+        assert row[0] == heads[-1]
+    finally:
+        db_factory.drop(url)
+
+
+def test_the_examples_import_from_the_wheel_with_their_data(
+    installed: tuple[Path, Path, set[str]], tmp_path: Path
+) -> None:
+    python, site, _ = installed
+    # The investigate example binds its file tools to its data directory at import: a wheel
+    # without the directory could not import it.
+    script = (
+        "from ledgerloop.examples import analyst, investigate\n"
+        "print(investigate.DATA_ROOT)\n"
+        "print(sorted(p.name for p in investigate.DATA_ROOT.rglob('*') if p.is_file()))\n"
+        "print(analyst.DATA_FILE.is_file())\n"
+    )
+    out = _run([str(python), "-c", script], cwd=str(tmp_path)).stdout.splitlines()
+    assert Path(out[0]).is_relative_to(site), out[0]
+    assert out[1] == "['checkout.log', 'checkout.yaml', 'postgres.log']"
+    assert out[2] == "True"  # the analyst's data file ships too

@@ -1,0 +1,51 @@
+"""Dispatch: a worker wakes on the NOTIFY a run's commit sends, claims in small batches, and
+does not rely on polling (here the fallback poll is five minutes away)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ledgerloop.db.connect import Conn
+from ledgerloop.testing.postgres import wait_until
+from ledgerloop.testing.worker import WorkerThread
+from tests.conftest import start_test_run
+
+RUNS = 24
+
+
+def succeeded(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT count(*) AS n FROM ledgerloop.agent_run WHERE status = 'succeeded'"
+    ).fetchone()
+    return int(row["n"]) if row else 0
+
+
+def test_runs_started_from_sql_are_dispatched_by_notify_in_batches(
+    conn: Conn, db_url: str, make_settings: Callable[..., Any], scripted_model: Any
+) -> None:
+    model = scripted_model("default: {turns: [{text: done}]}")
+    settings = make_settings(
+        anthropic_base_url=model.url,
+        agent_modules="tests.support.agents",
+        dispatch_fallback_s=300,
+        dispatch_batch=5,
+    )
+    with WorkerThread(settings, db_url) as worker:
+        # One at a time, each in its own transaction, then a burst in one transaction.
+        for i in range(4):
+            start_test_run(conn, "ops", f"one {i}")
+            wait_until(lambda i=i: succeeded(conn) == i + 1, timeout=30)  # type: ignore[misc]
+        with conn.transaction():
+            for i in range(RUNS):
+                start_test_run(conn, "ops", f"burst {i}")
+        wait_until(lambda: succeeded(conn) == RUNS + 4, timeout=60)
+        assert worker.runtime is not None
+    # Every claim stamps its runs with its transaction's start: no claim took more than a
+    # batch, so the burst was left for other workers to share.
+    claims = conn.execute(
+        "SELECT started_at_epoch_ms, count(*) AS n FROM dbos.workflow_status "
+        "WHERE name = 'ledgerloop_run' GROUP BY started_at_epoch_ms"
+    ).fetchall()
+    assert sum(c["n"] for c in claims) == RUNS + 4
+    assert max(c["n"] for c in claims) <= 5
