@@ -17,7 +17,7 @@ SCRIPT = REPO / "app" / "ledgerloop" / "models" / "scripts" / "ops_demo.yaml"
 
 MATRIX = crash_matrix(
     approval=True,
-    steps=["memory-load", "think-0", "tool-0-*", "think-1", "tool-1-*", "think-2"],
+    steps=["memory-load", "think-0", "think-1", "tool-1-*", "think-2"],
 )
 
 

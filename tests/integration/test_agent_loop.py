@@ -48,6 +48,14 @@ def _steps(conn: Conn, run_id: Any) -> list[str]:
     return [r["function_name"] for r in rows]
 
 
+def _roles(conn: Conn, run_id: Any) -> list[str]:
+    rows = conn.execute(
+        "SELECT role FROM ledgerloop.conversation_message WHERE run_id = %s ORDER BY sequence",
+        (run_id,),
+    ).fetchall()
+    return [r["role"] for r in rows]
+
+
 def _tool_results(request: dict[str, Any]) -> list[dict[str, Any]]:
     last = request["request"]["messages"][-1]
     assert last["role"] == "user"
@@ -75,11 +83,18 @@ def test_two_turn_run_with_a_read_tool(conn: Conn, scripted_model: Any, worker: 
     assert "disk-full" in results[0]["content"]
     assert not results[0]["is_error"]
     steps = _steps(conn, run_id)
-    call_id = requests[1]["request"]["messages"][1]["content"][0]["id"]
-    # A read-tool turn is its think and its tool step: its messages reach memory with the
+    # A read-tool turn is one step: its tool runs at the start of the next think step and
+    # its result is journaled with that model call. Its messages reach memory with the
     # final save, and a read tool leaves the run's status alone. The answer's think step
     # makes that save (recorded under memory-save-1): no step of its own.
-    assert steps == ["memory-load", "think-0", f"tool-0-{call_id}", "think-1"]
+    assert steps == ["memory-load", "think-0", "think-1"]
+    journaled = conn.execute(
+        "SELECT output FROM dbos.operation_outputs WHERE workflow_uuid = %s "
+        "AND function_name = 'think-1'",
+        (str(run_id),),
+    ).fetchone()
+    assert journaled is not None
+    assert json.loads(journaled["output"])["reads"] == results
     events = run_events(conn, run_id)
     assert [e.event_type for e in events] == ["received", "planning", "succeeded"]
     step_of = conn.execute(
@@ -177,6 +192,18 @@ def test_iteration_cap_ends_the_run(conn: Conn, scripted_model: Any, worker: Any
     assert run.status is RunStatus.FAILED
     assert run.state["reason"] == "iteration_cap"
     assert len(model.requests()) == 3
+    # The reads of turns 0 and 1 ran in the next think step; the last turn's, with no think
+    # after it, in a step of their own, so the saved conversation ends with their results.
+    steps = _steps(conn, run.id)
+    assert [s.split("-toolu_")[0] for s in steps] == [
+        "memory-load",
+        "think-0",
+        "think-1",
+        "think-2",
+        "tool-2",
+        "finish",
+    ]
+    assert _roles(conn, run.id)[-2:] == ["assistant", "user"]
 
 
 def test_deadline_fails_the_run_with_the_reason(
@@ -191,6 +218,11 @@ def test_deadline_fails_the_run_with_the_reason(
     assert run.status is RunStatus.FAILED
     assert run.state["reason"] == "deadline_exceeded"
     assert len(model.requests()) == 1
+    # The turn's read would have run in the next think; with none coming, it runs in a step
+    # of its own before the finish, so the saved conversation answers its tool_use.
+    steps = _steps(conn, run.id)
+    assert [s.split("-toolu_")[0] for s in steps] == ["memory-load", "think-0", "tool-0", "finish"]
+    assert _roles(conn, run.id) == ["user", "assistant", "user"]
 
 
 def test_rejected_answers_are_fed_back_and_capped(

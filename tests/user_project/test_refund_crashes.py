@@ -13,7 +13,7 @@ from ledgerloop.testing.crash import CrashInvariantError, crash_matrix
 
 MATRIX = crash_matrix(
     approval=True,
-    steps=["memory-load", "think-0", "tool-0-*", "think-1", "tool-1-*", "think-2"],
+    steps=["memory-load", "think-0", "think-1", "tool-1-*", "think-2"],
 )
 
 

@@ -51,6 +51,10 @@ class RunContext:
     scope: str = ""
     #: Child episodes this workflow has started (run_episode): the next one's id suffix.
     episodes: int = 0
+    #: The built-in loop runs a turn's read tools inside the next think step (one step per
+    #: tool turn, not two). Set from the run's journaled memory-load, so a run that began
+    #: under the older loop replays and finishes with a step per read.
+    reads_in_think: bool = False
 
     def with_agent(self, agent: Agent, scope: str, messages: list[Message]) -> RunContext:
         """Another agent's view of this run: its own conversation and step-name scope; the

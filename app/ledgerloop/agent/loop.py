@@ -4,9 +4,12 @@
     think-{i}  [think-{i}-strong]  tool-{i}-{call_id}...       (i < max_iterations)
     [memory-save-{i}] (a rejected answer, or an answer to validate) | finish
 
-A tool turn is its think step and its tool steps: its messages are in their journaled
-results, and reach conversation memory with the run's final save, in the same commit as the
-run's terminal status. The final save of an answer nothing may refuse is made by the think
+A turn that asks only for read tools has no tool steps: its tools run at the start of the
+next think step, and their results are journaled with that model call (`think(reads=)`), so
+a read-tool turn is one step. Writes, approvals, sandboxed commands and MCP tools keep their
+`tool-{i}-{call_id}` steps. A tool turn's messages are in journaled results, and reach
+conversation memory with the run's final save, in the same commit as the run's terminal
+status. The final save of an answer nothing may refuse is made by the think
 step that got it (in one statement, under the name memory-save-{i}), so a run ends with its
 last think step.
 
@@ -23,7 +26,7 @@ from typing import Any
 from dbos import DBOS
 
 from ledgerloop.agent import dbos_waiters, tracing
-from ledgerloop.agent.context import Ended, RunContext, Stop
+from ledgerloop.agent.context import Ended, Message, RunContext, Stop
 from ledgerloop.agent.hibernation import hibernating_allowed
 from ledgerloop.agent.orchestration import get_orchestration
 from ledgerloop.agent.primitives import (
@@ -32,10 +35,12 @@ from ledgerloop.agent.primitives import (
     finish,
     memory_load,
     memory_save,
+    only_reads,
     remember,
     think,
 )
 from ledgerloop.agent.stepping import QUEUE_NAME, WORKFLOW_NAME
+from ledgerloop.agent.tracing import count_call
 from ledgerloop.faults import hit
 from ledgerloop.fleet.guard import executing
 from ledgerloop.runs.states import RunStatus
@@ -92,10 +97,15 @@ async def run_turns(run: RunContext, max_turns: int | None = None) -> dict[str, 
     max_turns = settings.max_iterations if max_turns is None else max_turns
     rejected = 0
     empty_turns = 0
+    # A turn that asked only for read tools: they run inside the next think step.
+    reads: Message | None = None
     for i in range(max_turns):
         if run.now > run.deadline:
+            if reads is not None:  # answered, so the saved conversation stays well formed
+                await _act_all(run, i - 1, reads)
             return await finish(run, RunStatus.FAILED, "deadline_exceeded")
-        thought = await think(run, i, save_answer=True, empty_turns_before=empty_turns)
+        thought = await think(run, i, save_answer=True, empty_turns_before=empty_turns, reads=reads)
+        reads = None
         empty_turns += thought.empty_turns
         if thought.error is not None:
             return await finish(
@@ -134,12 +144,27 @@ async def run_turns(run: RunContext, max_turns: int | None = None) -> dict[str, 
             )
             run.now = thought_time
             continue
-        results = []
-        for call in calls:
-            outcome = await act(run, i, call)
-            if isinstance(outcome, Stop):
-                return await finish(run, outcome.status, outcome.reason, outcome.details)
-            results.append(outcome)
-        hit("loop.after_tools")
-        remember(run, [thought.message(), {"role": "user", "content": results}])
+        if run.reads_in_think and i + 1 < max_turns and only_reads(run, calls):
+            for _ in calls:
+                count_call("tool")
+            reads = thought.message()
+            continue
+        stop = await _act_all(run, i, thought.message())
+        if stop is not None:
+            return await finish(run, stop.status, stop.reason, stop.details)
     return await finish(run, RunStatus.FAILED, "iteration_cap", {"max_iterations": max_turns})
+
+
+async def _act_all(run: RunContext, i: int, message: Message) -> Stop | None:
+    """Turn `i`'s tool calls, a step each (`act`), then the turn joins the conversation."""
+    results = []
+    for call in message["content"]:
+        if call.get("type") != "tool_use":
+            continue
+        outcome = await act(run, i, call)
+        if isinstance(outcome, Stop):
+            return outcome
+        results.append(outcome)
+    hit("loop.after_tools")
+    remember(run, [message, {"role": "user", "content": results}])
+    return None

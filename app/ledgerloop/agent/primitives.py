@@ -78,6 +78,7 @@ async def memory_load(run_id: str, trace: dict[str, Any] | None = None) -> RunCo
         unsaved=messages[ctx["history_len"] :],
         trace=ctx.get("trace") or {},
         created_ns=ctx.get("created_ns"),
+        reads_in_think=bool(ctx.get("reads_in_think")),
     )
     if agent.mcp_servers:
         await discover_mcp(run)
@@ -151,9 +152,14 @@ async def think(
     *,
     save_answer: bool = False,
     empty_turns_before: int = 0,
+    reads: Message | None = None,
 ) -> Thought:
     """Step `think-{i}`: one model call. An empty turn is asked once more of the strong tier
     (step `think-{i}-strong`): the same tier would answer nothing again.
+
+    `reads`: the previous turn's assistant message, when it asked only for read tools (see
+    `only_reads`): they run in this step before the model call, and the turn (the message
+    and its tool results) joins the conversation as `remember` would add it.
 
     `save_answer`: an answer nothing may refuse (no answer validator, no sandbox) ends the
     run as succeeded in the same step (steps.save_answer, recorded as `memory-save-{i}`, its
@@ -161,7 +167,12 @@ async def think(
     journal without that save answers without it, and the caller saves as before."""
     save = save_answer and not run.scope and not run.sandboxes and not run.agent.validate_answer
     before = empty_turns_before
-    result = await _think(run, i, tier or Tier(run.agent.tier), save=save, empty=before)
+    result = await _think(
+        run, i, tier or Tier(run.agent.tier), save=save, empty=before, reads=reads
+    )
+    if reads is not None:
+        remember(run, [reads, {"role": "user", "content": result["reads"]}])
+        hit("loop.after_tools")
     empty_turns = 0
     if "response" in result and is_empty_turn(result["response"]):
         empty_turns = 1
@@ -186,7 +197,14 @@ async def think(
 
 
 async def _think(
-    run: RunContext, i: int, tier: Tier, suffix: str = "", *, save: bool = False, empty: int = 0
+    run: RunContext,
+    i: int,
+    tier: Tier,
+    suffix: str = "",
+    *,
+    save: bool = False,
+    empty: int = 0,
+    reads: Message | None = None,
 ) -> dict[str, Any]:
     name = f"{run.scope}think-{i}{suffix}"
     tracing.count_call("inference")
@@ -195,13 +213,17 @@ async def _think(
     # Journaled arguments stay as they were for a run without either (replays compare names,
     # not arguments, but a shorter argument list is a smaller journal row).
     extra: list[Any] = []
-    if run.mcp_schemas or replan or save:
+    if run.mcp_schemas or replan or save or reads:
         extra = [run.mcp_schemas or None]
-    if replan or save:
+    if replan or save or reads:
         extra.append(replan)
     if save:
         memory = {"conversation_id": run.conversation_id, "first_sequence": run.saved}
         extra.append({"turn": i, "empty_turns": empty, "unsaved": run.unsaved, **memory})
+    elif reads:
+        extra.append(None)
+    if reads:
+        extra.append({"message": reads, "tenant_id": run.tenant_id})
     result: dict[str, Any] = await run_step(
         name,
         MODEL_STEP,
@@ -219,6 +241,21 @@ async def _think(
 
 
 # -- act ---------------------------------------------------------------------------------
+
+
+def only_reads(run: RunContext, calls: list[dict[str, Any]]) -> bool:
+    """Whether a turn's calls may run inside the next think step (`think(..., reads=)`):
+    each one a read tool of the agent's own, or a name it does not know (which answers with
+    an error result); none an MCP tool, a sandboxed command or a write, whose steps hold
+    more than a call that may safely be made again."""
+    for call in calls:
+        name = str(call.get("name"))
+        if name in run.mcp_tools:
+            return False
+        tool = run.agent.tool(name)
+        if tool is not None and tool.kind is not ToolKind.READ:
+            return False
+    return True
 
 
 async def act(run: RunContext, i: int, call: dict[str, Any]) -> dict[str, Any] | Stop:

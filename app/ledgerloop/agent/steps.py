@@ -104,6 +104,9 @@ def memory_load(conn: Conn, run_key: str, trace: dict[str, Any]) -> dict[str, An
         "conversation_id": conversation_id,
         "history_len": len(history),
         "messages": [*history, {"role": "user", "content": user_text}],
+        # Journaled: this run's read-only turns run their tools in the next think step. A run
+        # whose memory-load lacks it started under an older loop and keeps a step per read.
+        "reads_in_think": True,
     }
 
 
@@ -212,17 +215,35 @@ async def think(
     mcp_tools: list[dict[str, Any]] | None = None,
     replan: bool = False,
     save: dict[str, Any] | None = None,
+    reads: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One messages.create. Failures come back as data: the workflow decides what they mean.
 
     `replan`: the run comes back from a write turn; move it to planning first, in this step
     (recorded once under the step's name), rather than in a step of its own.
     `save`: the run's final save, for when the model answers (see `save_answer`).
+    `reads`: the previous turn ({"message": its assistant message, "tenant_id"}) asked only
+    for read tools; they run here, before the model call, and their results are journaled
+    with it (`reads` in the result). A read changes nothing outside, so running it again when
+    this step is repeated costs a call and nothing else; the model call's window is as before.
     """
     if replan:
         await asyncio.to_thread(
             transition, run_id, RunStatus.PLANNING.value, "planning", {}, step_name
         )
+    read_results: dict[str, Any] = {}
+    if reads is not None:
+        results = [
+            await run_read_tool(run_id, reads["tenant_id"], step_name, agent_name, call)
+            for call in reads["message"]["content"]
+            if call.get("type") == "tool_use"
+        ]
+        hit("think.after_reads")
+        turn = [reads["message"], {"role": "user", "content": results}]
+        messages = [*messages, *turn]
+        if save is not None:
+            save = {**save, "unsaved": [*save["unsaved"], *turn]}
+        read_results = {"reads": results}
     rt = get_runtime()
     agent = _require_agent(agent_name)
     model = rt.model.model_for(Tier(tier))
@@ -259,7 +280,13 @@ async def think(
                 error["status_code"] = status
             # Returned as data, so the span would not see it: mark it (span and metric).
             recorder.record_error(error["type"], error["message"])
-            return {"error": error, "model": model, "tier": tier, "now": time.time()}
+            return {
+                "error": error,
+                "model": model,
+                "tier": tier,
+                "now": time.time(),
+                **read_results,
+            }
         recorder.record_response(response)
         recorder.record_content(messages, response, agent.system)
     if is_empty_turn(response):
@@ -269,6 +296,7 @@ async def think(
         "model": model,
         "tier": tier,
         "now": time.time(),
+        **read_results,
     }
     if save is not None and answer_text(result["response"]) is not None:
         result = await asyncio.to_thread(save_answer, run_id, save, result)
