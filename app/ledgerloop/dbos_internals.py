@@ -245,12 +245,15 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         name="fleet-dispatch",
         uses="SystemDatabase.start_queued_workflows(queue, executor_id, app_version, None, "
-        "local_running_count, owner_xid=...), SystemDatabase.get_workflow_statuses, "
+        "local_running_count, owner_xid=..., is_latest_version=... where it takes it), "
+        "SystemDatabase._is_latest_version (read at most once a second), "
+        "SystemDatabase.get_workflow_statuses, "
         "dbos._core.execute_dequeued_workflow, DBOS._active_workflows_set.count_for_queue, "
         "dbos._utils.GlobalParams, dbos._utils.generate_uuid; the internal queue's "
         "_polling_interval_sec and dbos._workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC",
         relies_on="a claim takes at most the queue's worker_concurrency less the running "
-        "count given, marks them PENDING under this executor with the owner token given, and "
+        "count given, and version-less rows only when told this worker runs the latest "
+        "version, marks them PENDING under this executor with the owner token given, and "
         "execute_dequeued_workflow runs a claimed workflow with that token; the two periods "
         "are read by DBOS's threads at launch",
         why="DBOS's queue thread only polls (nothing public wakes it on a NOTIFY) and claims "

@@ -546,6 +546,45 @@ def test_fleet_dispatch(cconn: Conn, contract_worker: str) -> None:
     assert _result(rest[0], name) == "dispatched"
 
 
+def test_fleet_dispatch_latest_version(
+    cconn: Conn, contract_worker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim is told whether this worker runs the latest version (read at most once per
+    LatestVersion.ttl_s): a version-less run goes to the latest version's workers only, as
+    in DBOS's own claim."""
+    from dbos._dbos import _get_dbos_instance
+
+    from ledgerloop.fleet import dbos_internals
+
+    name = "fleet-dispatch"
+    sys_db = _get_dbos_instance()._sys_db
+    assert dbos_internals._takes_latest_version(sys_db), broken(
+        name, "start_queued_workflows no longer takes is_latest_version="
+    )
+    # Read on every claim here (a fresh cache: the dispatch test's answer may be cached).
+    monkeypatch.setattr(dbos_internals, "_LATEST", dbos_internals.LatestVersion(ttl_s=0.0))
+    queue = DBOS.register_queue("ll_contract_latest", worker_concurrency=100)
+    mine = DBOS.application_version
+    workflow_id = str(uuid.uuid4())
+    cconn.execute(
+        "SELECT dbos.enqueue_workflow(%s, %s, ARRAY[to_json('t'::text)], workflow_id => %s)",
+        (WAITER, "ll_contract_latest", workflow_id),
+    )
+    sys_db.create_application_version("ll-contract-newer")
+    DBOS.set_latest_application_version("ll-contract-newer")
+    try:
+        _owner, claimed = dbos_internals.claim_batch(queue, 5)
+        assert claimed == [], broken(name, f"a worker of an older version claimed {claimed}")
+    finally:
+        DBOS.set_latest_application_version(mine)
+    owner, claimed = dbos_internals.claim_batch(queue, 5)
+    assert claimed == [workflow_id], broken(name, f"the latest version's worker took {claimed}")
+    dbos_internals.start_claimed(owner, claimed)
+    _waiting(workflow_id)
+    _send(cconn, workflow_id, "dispatched")
+    assert _result(workflow_id, name) == "dispatched"
+
+
 def test_fleet_owner_token(cconn: Conn) -> None:
     name = "fleet-owner-token"
     handle = DBOS.start_workflow(contract_fenced)

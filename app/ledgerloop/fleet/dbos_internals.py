@@ -27,8 +27,10 @@ stops working.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -84,10 +86,66 @@ def claim_batch(queue: Any, limit: int) -> tuple[str, list[str]]:
     else:
         raise ValueError(f"queue {queue.name} needs a worker concurrency to bound its claims")
     owner = generate_uuid()
-    ids, _reason = dbos._sys_db.start_queued_workflows(
-        queue, GlobalParams.executor_id, GlobalParams.app_version, None, load, owner_xid=owner
+    sys_db = dbos._sys_db
+    extra: dict[str, Any] = {}
+    if _takes_latest_version(sys_db):
+        extra["is_latest_version"] = _LATEST.get(sys_db, GlobalParams.app_version)
+    ids, _reason = sys_db.start_queued_workflows(
+        queue,
+        GlobalParams.executor_id,
+        GlobalParams.app_version,
+        None,
+        load,
+        owner_xid=owner,
+        **extra,
     )
     return owner, list(ids)
+
+
+class LatestVersion:
+    """Whether this worker's version is the application's latest, read at most once per
+    `ttl_s` rather than inside every claim.
+
+    A claim includes version-less rows only when this worker runs the latest version. DBOS
+    reads that inside each claim's transaction (a third of an idle worker's claim); its own
+    queue thread reads it once per poll on a sharded database. Ledgerloop claims on every
+    NOTIFY, so it reads once a second. A worker of a newer version registers it when it
+    launches; for up to `ttl_s` after that an older worker may still claim a version-less
+    run (start_run writes one unless `ledgerloop.application_version` is set). Such a run
+    is new, with no journal to disagree with: it runs on the older code, as every run does
+    that an older worker claims while a rolling deploy overlaps the two.
+    """
+
+    def __init__(self, ttl_s: float = 1.0) -> None:
+        self.ttl_s = ttl_s
+        self._value = False
+        self._until = 0.0
+        self._lock = threading.Lock()
+
+    def get(self, sys_db: Any, app_version: str) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            if now >= self._until:
+                self._value = bool(sys_db._is_latest_version(app_version))
+                self._until = now + self.ttl_s
+            return self._value
+
+
+_LATEST = LatestVersion()
+
+
+def _takes_latest_version(sys_db: Any) -> bool:
+    """DBOS 3.4's claim accepts the answer (`is_latest_version=`); 3.3's reads it itself."""
+    takes = _TAKES.get(type(sys_db))
+    if takes is None:
+        parameters = inspect.signature(sys_db.start_queued_workflows).parameters
+        takes = _TAKES[type(sys_db)] = "is_latest_version" in parameters and hasattr(
+            sys_db, "_is_latest_version"
+        )
+    return takes
+
+
+_TAKES: dict[type, bool] = {}
 
 
 #: Threads that hand claimed workflows to the event loop together (see start_claimed).
