@@ -30,6 +30,17 @@ default:
 """
 
 
+def _looper_env(db_url: str, model_url: str, tool_log: Path) -> dict[str, str]:
+    """A worker of the test agents on `db_url`, its echo tool logging to `tool_log`."""
+    return worker_env(
+        db_url,
+        ANTHROPIC_BASE_URL=model_url,
+        LEDGERLOOP_AGENT_MODULES="tests.support.agents",
+        LEDGERLOOP_POLICY_FILE=str(REPO / "tests" / "support" / "policy.yaml"),
+        LEDGERLOOP_TEST_TOOL_LOG=str(tool_log),
+    )
+
+
 @pytest.mark.parametrize(
     ("fault", "tool_runs"),
     # think.after_reads: turn 0's read ran inside think-1, which died before its model
@@ -41,13 +52,7 @@ def test_killed_worker_resumes_without_repeating_paid_or_completed_steps(
 ) -> None:
     model = scripted_model(SCRIPT)
     tool_log = tmp_path / "tools.log"
-    env = worker_env(
-        db_url,
-        ANTHROPIC_BASE_URL=model.url,
-        LEDGERLOOP_AGENT_MODULES="tests.support.agents",
-        LEDGERLOOP_POLICY_FILE=str(REPO / "tests" / "support" / "policy.yaml"),
-        LEDGERLOOP_TEST_TOOL_LOG=str(tool_log),
-    )
+    env = _looper_env(db_url, model.url, tool_log)
     with worker_process({**env, "LEDGERLOOP_FAULTS": fault}, log=tmp_path / "w1.log") as first:
         run_id = start_test_run(conn, "looper", "please echo")
         assert first.wait(timeout=60) == -9, (tmp_path / "w1.log").read_text()
@@ -73,13 +78,7 @@ def test_killed_after_the_answer_saved_resumes_to_the_saved_answer_once(
     finds the save already made, and ends with the saved answer, stored once."""
     model = scripted_model(SCRIPT)
     tool_log = tmp_path / "tools.log"
-    env = worker_env(
-        db_url,
-        ANTHROPIC_BASE_URL=model.url,
-        LEDGERLOOP_AGENT_MODULES="tests.support.agents",
-        LEDGERLOOP_POLICY_FILE=str(REPO / "tests" / "support" / "policy.yaml"),
-        LEDGERLOOP_TEST_TOOL_LOG=str(tool_log),
-    )
+    env = _looper_env(db_url, model.url, tool_log)
     fault = {**env, "LEDGERLOOP_FAULTS": "loop.after_answer_saved"}
     with worker_process(fault, log=tmp_path / "w1.log") as first:
         run_id = start_test_run(conn, "looper", "please echo")
@@ -128,13 +127,7 @@ def test_a_run_begun_under_the_step_per_read_loop_finishes_in_that_shape(
     replays and it finishes, the read run once and each turn paid once."""
     model = scripted_model(SCRIPT)
     tool_log = tmp_path / "tools.log"
-    env = worker_env(
-        db_url,
-        ANTHROPIC_BASE_URL=model.url,
-        LEDGERLOOP_AGENT_MODULES="tests.support.agents",
-        LEDGERLOOP_POLICY_FILE=str(REPO / "tests" / "support" / "policy.yaml"),
-        LEDGERLOOP_TEST_TOOL_LOG=str(tool_log),
-    )
+    env = _looper_env(db_url, model.url, tool_log)
     fault = {**env, "LEDGERLOOP_FAULTS": "step.after:memory-load"}
     with worker_process(fault, log=tmp_path / "w1.log") as first:
         run_id = start_test_run(conn, "looper", "please echo")
