@@ -81,14 +81,20 @@ def _one_tree(receiver: Receiver, run_id: uuid.UUID) -> dict[str, list[Any]]:
     # A replay emits nothing: each step's model call and tool call is one span, whatever the
     # crash (a replayed span would carry fresh ids, so the id check above cannot see it). A
     # call lost with its execution is the one exception, and it is marked.
-    per_step: dict[tuple[str, Any], int] = {}
+    per_step: dict[tuple[Any, ...], int] = {}
     for span in trace:
         attrs = _attrs(span)
         if span.name.startswith(("chat ", "execute_tool ")) and not attrs.get(
             "ledgerloop.call.lost"
         ):
-            key = (span.name, attrs.get("ledgerloop.step.name"))
-            assert key[1], f"{span.name} has no step name"
+            step = attrs.get("ledgerloop.step.name")
+            assert step, f"{span.name} has no step name"
+            key: tuple[Any, ...] = (span.name, step)
+            if span.name.startswith("execute_tool ") and "think-" in str(step):
+                # A turn's reads ride the next think step: an execution cut off inside it
+                # ran them, and the next execution runs them again, so they count once per
+                # execution. A replay of the step would still show in its chat span.
+                key = (*key, span.parent_span_id)
             per_step[key] = per_step.get(key, 0) + 1
     assert per_step
     repeated = {key: n for key, n in per_step.items() if n > 1}
