@@ -75,6 +75,9 @@ def test_an_execution_that_lost_its_run_ends_and_the_worker_stops_cleanly(
     wait_until(lambda: approval_list(conn, run_id=run_id, status="pending"), timeout=30)
     (approval,) = approval_list(conn, run_id=run_id, status="pending")
     (execution,) = fence.executions
+    # The approval row commits inside the approve step, a moment before DBOS records it:
+    # wait for that record, so the run is in its wait.
+    wait_until(lambda: _steps(conn, run_id)[-1].startswith("approve-0-"), timeout=30)
     before = _steps(conn, run_id)
 
     # What a peer's takeover and its own claim leave behind, then what this worker's
