@@ -141,6 +141,10 @@ class Settings(BaseSettings):
     #: that timed out here may still commit there), and the slack on a relay's claim lease.
     effect_settle_after_s: float = Field(default=5.0, ge=0, le=3600)
     relay_lease_margin_s: float = Field(default=5.0, gt=0, le=3600)
+    #: A worker that runs the relay sends each effect from the act step that records it (the
+    #: relay's code, without its wake-up and claim); false leaves every effect to the relay's
+    #: claim, as a worker started with --no-relay does.
+    inline_delivery: bool = True
 
     #: Where sandboxes' working directories live (default: a directory of this user's under
     #: the system's temporary directory); the reaper looks here for what dead workers left.

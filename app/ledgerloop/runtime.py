@@ -13,6 +13,7 @@ from psycopg_pool import ConnectionPool
 
 from ledgerloop.config import Settings
 from ledgerloop.db.connect import Conn
+from ledgerloop.effects.outbox import Deliverer
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.fleet.fence import Fence
 from ledgerloop.models.client import ModelClient
@@ -28,6 +29,9 @@ class Runtime:
     policy: PolicyFile
     #: The worker's fence: step bodies start only while it holds (None: no fleet, e.g. tools).
     fence: Fence | None = None
+    #: The relay running in this worker, which act steps hand their effects to (None: the
+    #: effects wait for a relay elsewhere; see docs/effects.md).
+    deliverer: Deliverer | None = None
 
 
 _runtime: Runtime | None = None

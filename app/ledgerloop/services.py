@@ -40,19 +40,22 @@ def destinations(runtime: Runtime) -> dict[str, str]:
 
 
 async def relay_service(runtime: Runtime, stop: asyncio.Event) -> None:
-    from ledgerloop.effects.relay import RelayConfig, run_relay
+    from ledgerloop.effects.relay import Relay, RelayConfig
 
     config = RelayConfig(
         lease_margin_s=runtime.settings.relay_lease_margin_s,
         settle_after_s=runtime.settings.effect_settle_after_s,
     )
-    await run_relay(
-        runtime.database_url,
-        destinations(runtime),
-        stop=stop,
-        config=config,
-        mcp_servers=runtime.policy.mcp_servers,
-    )
+    async with Relay(
+        runtime.database_url, destinations(runtime), config, runtime.policy.mcp_servers
+    ) as relay:
+        # This worker's act steps send their effects through it (settings.inline_delivery).
+        if runtime.settings.inline_delivery:
+            runtime.deliverer = relay
+        try:
+            await relay.run(stop)
+        finally:
+            runtime.deliverer = None
 
 
 async def reconciler_service(runtime: Runtime, stop: asyncio.Event) -> None:

@@ -152,6 +152,11 @@ class Meter:
             """,
             (self.dbname, f"%{self.MARK}%"),
         ).fetchone()
+        if end_lsn[0] == mark[0]:
+            # Nothing was written (a job that only talks to a downstream): pg_walinspect
+            # refuses a range that starts at the flush position.
+            assert stats is not None
+            return Cost(seconds, int(stats[0]), 0, 0)
         wal = self.conn.execute(
             """
             SELECT count(*) FILTER (WHERE resource_manager = 'Transaction'

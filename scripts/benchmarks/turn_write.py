@@ -138,6 +138,12 @@ def main() -> None:
                             mark = meter.start()
                             await go(RUNS)
                             costs[name].append(meter.stop(mark))
+                    if os.environ.get("BENCH_TURN_DETAIL"):
+                        for name in ("read", "write"):
+                            print(f"\n  where a {name} run's work went:")
+                            mark = meter.start()
+                            await systems[name](RUNS)
+                            meter.detail(mark, RUNS)
                 finally:
                     await poll.close()
                     await client.aclose()

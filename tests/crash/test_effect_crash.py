@@ -1,5 +1,6 @@
 """Kill the relay or the worker (SIGKILL, real subprocesses) at each named fault point, for each
-kind of downstream, then restart what died and check the invariants:
+kind of downstream, then restart what died and check the invariants (a worker that runs the
+relay sends its effects itself, and is killed at the relay's points too):
 
 - at most one ticket per logical call, and exactly one when the run says it succeeded;
 - every run ends terminal, or waits in `reconciling` on an effect parked as needs_human;
@@ -51,11 +52,12 @@ class Cluster:
     def start(self, role: str, faults: str = "") -> subprocess.Popen[bytes]:
         env = {**self.env, "LEDGERLOOP_FAULTS": faults}
         log = self.logs / f"{role}-{len(self.procs)}.log"
-        proc = (
-            start_worker(env, "--no-relay", log=log)
-            if role == "worker"
-            else start_relay(env, log=log)
-        )
+        if role == "worker":
+            proc = start_worker(env, "--no-relay", log=log)
+        elif role == "delivering worker":  # runs the relay: its act steps send themselves
+            proc = start_worker(env, log=log)
+        else:
+            proc = start_relay(env, log=log)
         self.procs[f"{role}-{len(self.procs)}"] = proc
         return proc
 
@@ -133,6 +135,23 @@ def test_relay_killed(
     run_id = start_test_run(conn, "writer", "file one")
     assert relay.wait(timeout=60) == -9, c.output()
     c.start("relay")
+    wait_until(lambda: _settled(conn, run_id), timeout=60)
+    _check_invariants(conn, run_id, tickets)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("fault", RELAY_FAULTS)
+def test_worker_sending_its_own_effect_killed(
+    fault: str, kind: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
+) -> None:
+    """A worker that runs the relay sends each effect from the act step that recorded it;
+    killed at the same points of that attempt, it leaves what a killed relay leaves, and the
+    restarted worker settles it the same way."""
+    c = cluster(_script(KINDS[kind]))
+    worker = c.start("delivering worker", fault)
+    run_id = start_test_run(conn, "writer", "file one")
+    assert worker.wait(timeout=60) == -9, c.output()
+    c.start("delivering worker")
     wait_until(lambda: _settled(conn, run_id), timeout=60)
     _check_invariants(conn, run_id, tickets)
 

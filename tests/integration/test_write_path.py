@@ -11,6 +11,8 @@ import uuid
 from typing import Any
 
 import httpx
+import psycopg
+import pytest
 
 from ledgerloop.approvals.principals import principal_create
 from ledgerloop.approvals.store import approval_decide, approval_list
@@ -279,3 +281,55 @@ def test_every_write_call_of_a_turn_records_its_executing_event(
     assert [e.payload["tool_call_id"] for e in executing] == calls
     # The think after the write turn moved the run back to planning before it succeeded.
     assert [e.event_type for e in events][-2:] == ["planning", "succeeded"]
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_worker_running_the_relay_sends_the_effect_from_its_act_step(
+    inline: bool,
+    conn: Conn,
+    db_url: str,
+    scripted_model: Any,
+    worker: Any,
+    tickets: TicketServiceThread,
+) -> None:
+    """Inline delivery: the act step records its outbox row already claimed and sends it
+    itself, so the relay is never woken for it; with inline_delivery off, the relay's claim
+    takes the row. Either way: one attempt, one ticket."""
+    listener = psycopg.connect(db_url, autocommit=True)
+    listener.execute("LISTEN ledgerloop_outbox")
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: ticket_idempotent, input: {title: x}}}, {text: done}]}"
+    )
+    worker(model.url, inline_delivery=inline)
+    run_id = start_test_run(conn, "writer", "file")
+    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    (effect,) = effect_list(conn, run_id=run_id)
+    assert (effect.status.value, effect.attempts) == ("succeeded", 1)
+    outbox = conn.execute(
+        "SELECT status, attempts FROM ledgerloop.outbox WHERE idempotency_key = %s", (effect.key,)
+    ).fetchone()
+    assert outbox == {"status": "done", "attempts": 1}
+    wakes = list(listener.notifies(timeout=0.3))
+    listener.close()
+    assert len(wakes) == (0 if inline else 1)
+    assert _stats(tickets)["created"] == 1
+
+
+def test_a_refused_inline_attempt_is_retried_by_the_relay_at_once(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    """The act step's own attempt is refused (a 503 before anything is created): the retry is
+    the relay's, due after a backoff of a fraction of a second. The relay is told, so the retry
+    goes out then, not at its next safety poll (5 s)."""
+    _fault(tickets, mode="fail_before_commit", kind="idempotent")
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: ticket_idempotent, input: {title: x}}}, {text: done}]}"
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file")
+    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    (effect,) = effect_list(conn, run_id=run_id)
+    assert (effect.status.value, effect.attempts) == ("succeeded", 2)
+    assert (effect.updated_at - effect.created_at).total_seconds() < 3.5
+    assert _stats(tickets)["created"] == 1
+    assert _stats(tickets)["requests"] == 2

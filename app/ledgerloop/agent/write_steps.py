@@ -35,13 +35,16 @@ from ledgerloop.db.connect import Conn
 from ledgerloop.effects.hashing import idempotency_key, request_hash
 from ledgerloop.effects.ledger import (
     COMPENSATION_SUFFIX,
+    Claim,
     Effect,
     compensation_begin,
     effect_begin,
+    effect_begin_claimed,
     effect_list,
     effect_require,
 )
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus
+from ledgerloop.effects.outbox import Claimed, Deliverer, Outcome
 from ledgerloop.faults import hit
 from ledgerloop.mcptools.client import META_IDEMPOTENCY_KEY
 from ledgerloop.runs.states import RunStatus
@@ -318,15 +321,18 @@ async def record_effect(
             }
         # The relay's delivery span links to this one, under the run's root.
         delivery = _delivery(tool, body, policy, span_traceparent(span.span))
+        # This worker's relay, when it runs one on this loop: it sends the effect now.
+        deliverer = _deliverer()
 
-        def record(conn: Conn) -> dict[str, Any]:
+        def record(conn: Conn) -> tuple[dict[str, Any], Claimed | None]:
             # The effect, its outbox row and the run's move to executing commit together,
             # and only after this transaction has read the approval that allows them.
+            claim: Claim | None = None
             with conn.transaction():
                 if approval_id is not None:
                     problem = not_granted(approval_get(conn, uuid.UUID(approval_id)), action_hash)
                     if problem is not None:
-                        return {"refused": problem}
+                        return {"refused": problem}, None
                 run_ensure_status(
                     conn,
                     uuid.UUID(run_id),
@@ -335,21 +341,30 @@ async def record_effect(
                     {"tool_call_id": call_id, "idempotency_key": key},
                     step=step_name,
                 )
-                effect = effect_begin(
-                    conn,
-                    key=key,
-                    run_id=uuid.UUID(run_id),
-                    tenant_id=uuid.UUID(tenant_id),
-                    tool=tool_name,
-                    request_hash=action_hash,
-                    destination=tool.effect.destination,  # type: ignore[union-attr]
-                    request=delivery,
-                )
-            return {**_recorded(effect), "compensable": _compensate_path(tool) is not None}
+                facts: dict[str, Any] = {
+                    "key": key,
+                    "run_id": uuid.UUID(run_id),
+                    "tenant_id": uuid.UUID(tenant_id),
+                    "tool": tool_name,
+                    "request_hash": action_hash,
+                    "destination": tool.effect.destination,  # type: ignore[union-attr]
+                    "request": delivery,
+                }
+                if deliverer is None:
+                    effect = effect_begin(conn, **facts)
+                else:
+                    effect, claim = effect_begin_claimed(
+                        conn, **facts, lease_margin_s=deliverer.lease_margin_s
+                    )
+            recorded = {**_recorded(effect), "compensable": _compensate_path(tool) is not None}
+            if claim is None:
+                return recorded, None
+            return recorded, Claimed.at_insert(effect, claim, delivery.to_json())
 
         # Watch from before the commit: the outcome may be recorded before we look.
         with dbos_waiters.watch(run_id, key) as watch:
-            recorded: dict[str, Any] = await db_call(record)
+            answer: tuple[dict[str, Any], Claimed | None] = await db_call(record)
+            recorded, claimed = answer
             if "refused" in recorded:
                 span.record_error("ApprovalMismatch", "the approval does not cover this action")
                 return {
@@ -359,6 +374,10 @@ async def record_effect(
                         is_error=True,
                     )
                 }
+            if claimed is not None and deliverer is not None:
+                sent = await deliverer.deliver_now(claimed)
+                if sent is not None:
+                    recorded = {**recorded, **_delivered(sent)}
             if recorded["status"] not in SETTLED and await watch.wait(SETTLE_WATCH_S):
                 settled = await db_call(lambda conn: _recorded(effect_require(conn, key)))
                 recorded = {**settled, "compensable": recorded["compensable"]}
@@ -383,6 +402,24 @@ WAIT_ERRORS = {
 #: outcomes and people are left to the durable wait. Nothing holds a thread meanwhile.
 SETTLE_WATCH_S = 0.5
 SETTLED = frozenset({EffectStatus.SUCCEEDED.value, EffectStatus.FAILED.value})
+
+
+def _deliverer() -> Deliverer | None:
+    deliverer = get_runtime().deliverer
+    return deliverer if deliverer is not None and deliverer.delivers_here() else None
+
+
+def _delivered(outcome: Outcome) -> dict[str, Any]:
+    """What `_recorded` would read back from the effect's row once `outcome` is recorded."""
+    recorded: dict[str, Any] = {"status": outcome.status.value}
+    if outcome.status.value in SETTLED:
+        recorded["outcome"] = {
+            "status": outcome.status.value,
+            "result": outcome.result,
+            "error": outcome.error,
+            "external_reference": outcome.external_reference,
+        }
+    return recorded
 
 
 def _recorded(effect: Effect) -> dict[str, Any]:

@@ -99,6 +99,75 @@ def effect_begin(
     Same key and another hash: KeyReuse, naming both hashes. The caller checks the returned
     status: a settled effect (replay after the outcome arrived) needs no waiting.
     """
+    effect, _ = _begin(
+        conn,
+        "effect_insert",
+        key=key,
+        run_id=run_id,
+        tenant_id=tenant_id,
+        tool=tool,
+        request_hash=request_hash,
+        destination=destination,
+        request=request,
+        compensates=compensates,
+    )
+    return effect
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The outbox row of an effect recorded already claimed by its recorder (attempt 1)."""
+
+    outbox_id: int
+    #: Seconds from the insert to the delivery deadline.
+    deadline_in_s: float
+
+
+def effect_begin_claimed(
+    conn: Conn,
+    *,
+    key: str,
+    run_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    tool: str,
+    request_hash: str,
+    destination: str,
+    request: dict[str, Any] | DeliveryRequest,
+    lease_margin_s: float,
+) -> tuple[Effect, Claim | None]:
+    """`effect_begin` for a recorder that sends the effect itself: a new effect is born
+    `started`, its outbox row claimed (attempt 1, leased for the request's timeout plus
+    `lease_margin_s`), and the claim is returned with it. An existing key returns the
+    existing effect and no claim: whoever holds it delivers it."""
+    return _begin(
+        conn,
+        "effect_insert_claimed",
+        key=key,
+        run_id=run_id,
+        tenant_id=tenant_id,
+        tool=tool,
+        request_hash=request_hash,
+        destination=destination,
+        request=request,
+        compensates=None,
+        lease_margin_s=lease_margin_s,
+    )
+
+
+def _begin(
+    conn: Conn,
+    query: str,
+    *,
+    key: str,
+    run_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    tool: str,
+    request_hash: str,
+    destination: str,
+    request: dict[str, Any] | DeliveryRequest,
+    compensates: str | None,
+    lease_margin_s: float | None = None,
+) -> tuple[Effect, Claim | None]:
     delivery = DeliveryRequest.from_json(request)
     if compensates is not None and key != compensates + COMPENSATION_SUFFIX:
         raise InvalidCompensation(
@@ -110,7 +179,7 @@ def effect_begin(
     in_transaction = conn.info.transaction_status is not TransactionStatus.IDLE
     with nullcontext() if in_transaction else conn.transaction():
         row = conn.execute(
-            Q["effect_insert"],
+            Q[query],
             {
                 "key": key,
                 "run_id": run_id,
@@ -121,17 +190,22 @@ def effect_begin(
                 "compensates": compensates,
                 "request": Jsonb(delivery.to_json()),
                 "deadline_s": delivery.deadline_s,
+                "timeout_ms": delivery.timeout_ms,
+                "lease_margin_s": lease_margin_s,
             },
         ).fetchone()
         if row is not None:
-            return Effect.from_row(row)
+            claim = None
+            if "deadline_in_s" in row:
+                claim = Claim(outbox_id=row["outbox_id"], deadline_in_s=row["deadline_in_s"])
+            return Effect.from_row(row), claim
         existing = effect_get(conn, key)
     if existing is None:
         # The key exists (the insert conflicted) but row-level security hides it.
         raise KeyReuse(key, "<another tenant's request>", request_hash)
     if existing.request_hash != request_hash:
         raise KeyReuse(key, existing.request_hash, request_hash)
-    return existing
+    return existing, None
 
 
 def effect_get(conn: Conn, key: str) -> Effect | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg.rows import dict_row
@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 
 from ledgerloop.db.errors import translated
 from ledgerloop.db.url import validate_url
-from ledgerloop.effects.ledger import Q
+from ledgerloop.effects.ledger import Claim, Effect, Q
 from ledgerloop.effects.messages import EffectStatus, OutboxStatus
 
 AConn = psycopg.AsyncConnection[dict[str, Any]]
@@ -52,6 +52,21 @@ class Claimed:
     def deadline_left_s(self) -> float:
         return self.deadline_in_s - (time.monotonic() - self.claimed_at)
 
+    @classmethod
+    def at_insert(cls, effect: Effect, claim: Claim, request: dict[str, Any]) -> Claimed:
+        """The row an act step recorded claimed (`effect_begin_claimed`): its first attempt."""
+        return cls(
+            outbox_id=claim.outbox_id,
+            key=effect.key,
+            destination=effect.destination,
+            request=request,
+            attempts=1,
+            deadline_in_s=claim.deadline_in_s,
+            effect_attempts=effect.attempts,
+            compensates=effect.compensates,
+            claimed_at=time.monotonic(),
+        )
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -85,6 +100,17 @@ class Outcome:
         }
 
 
+class Deliverer(Protocol):
+    """What an act step hands its freshly claimed effect to (the relay of its own worker)."""
+
+    @property
+    def lease_margin_s(self) -> float: ...
+
+    def delivers_here(self) -> bool: ...
+
+    async def deliver_now(self, claimed: Claimed) -> Outcome | None: ...
+
+
 async def outbox_claim(conn: AConn, *, limit: int, lease_margin_s: float) -> list[Claimed]:
     """Claim up to `limit` due rows and commit `started` on their effects (one statement)."""
     cursor = await conn.execute(
@@ -116,17 +142,17 @@ async def outbox_claim(conn: AConn, *, limit: int, lease_margin_s: float) -> lis
 
 
 async def outbox_record(conn: AConn, outcomes: list[Outcome]) -> set[str]:
-    """Record outcomes in one transaction; returns the keys this relay still owned.
+    """Record outcomes in one statement; returns the keys this relay still owned.
 
     A key missing from the answer was settled by someone else meanwhile (a reconciler after
     this relay's lease ran out); its outcome is dropped, which is safe: the settlement that won
     was made with the same or better knowledge.
     """
-    async with conn.transaction():
-        cursor = await conn.execute(
-            Q["outbox_record"], {"outcomes": Jsonb([o.as_json() for o in outcomes])}
-        )
-        return {row["idempotency_key"] for row in await cursor.fetchall()}
+    # One statement on an autocommit connection is its own transaction: no BEGIN, no COMMIT.
+    cursor = await conn.execute(
+        Q["outbox_record"], {"outcomes": Jsonb([o.as_json() for o in outcomes])}
+    )
+    return {row["idempotency_key"] for row in await cursor.fetchall()}
 
 
 async def outbox_next_due(conn: AConn) -> float | None:

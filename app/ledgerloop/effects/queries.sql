@@ -27,6 +27,34 @@ WITH effect AS (
 )
 SELECT effect.*, (SELECT id FROM queued) AS outbox_id FROM effect
 
+-- name: effect_insert_claimed
+-- effect_insert for a recorder that delivers the effect itself (an act step in a worker that
+-- runs the relay): both rows are born claimed, attempt 1 under a lease, exactly as the relay's
+-- claim would leave them, so a crash before the outcome is recorded settles the same way (the
+-- reconciler takes the effect once the lease runs out). The relay is not woken: its claim
+-- reads only pending rows.
+WITH effect AS (
+  INSERT INTO ledgerloop.activity_effect
+    (idempotency_key, run_id, tenant_id, tool, request_hash, destination, compensates,
+     status, attempts, lease_until)
+  VALUES (%(key)s, %(run_id)s, %(tenant_id)s, %(tool)s, %(request_hash)s, %(destination)s,
+          %(compensates)s, 'started', 1,
+          now() + make_interval(secs => %(timeout_ms)s::float8 / 1000 + %(lease_margin_s)s))
+  ON CONFLICT (idempotency_key) DO NOTHING
+  RETURNING idempotency_key, run_id, tenant_id, tool, request_hash, destination, status,
+            external_reference, result, error, evidence, attempts, lease_until, compensates,
+            resolved_by, created_at, updated_at
+), queued AS (
+  INSERT INTO ledgerloop.outbox
+    (idempotency_key, tenant_id, destination, request, deadline_at, status, attempts,
+     lease_until)
+  SELECT idempotency_key, tenant_id, destination, %(request)s,
+         now() + make_interval(secs => %(deadline_s)s), 'claimed', 1, lease_until
+  FROM effect
+  RETURNING id, extract(epoch FROM deadline_at - now())::float8 AS deadline_in_s
+)
+SELECT effect.*, queued.id AS outbox_id, queued.deadline_in_s FROM effect, queued
+
 -- name: effect_get
 SELECT idempotency_key, run_id, tenant_id, tool, request_hash, destination, status,
        external_reference, result, error, evidence, attempts, lease_until, compensates,

@@ -9,6 +9,12 @@ and (by the ledger's trigger) messages the waiting workflows.
 The relay sleeps until a notification, the earliest backoff-delayed row, or a slow safety
 poll for notifications lost while reconnecting; it never polls every second.
 
+Inside a worker, the relay also delivers for the act steps (`deliver_now`): an act step
+records its effect already claimed, in its own transaction, and hands the claim here, so
+the call goes out without a wake-up, a claim or a message back to the run. The attempt
+runs the same code, with the same fault points, and its outcome is recorded by the same
+recorder; what it leaves behind after a crash is what a relay crash leaves.
+
 Crash points (`ledgerloop.faults`): `relay.before_send` (started committed, nothing sent),
 `relay.after_send_before_record` (the destination answered, nothing recorded),
 `relay.after_record` (a batch of outcomes committed).
@@ -215,12 +221,17 @@ class Relay:
         self._slot_freed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
+        #: Inline deliveries waiting for their outcome's record: outbox id -> owned?
+        self._recorded: dict[int, asyncio.Future[bool]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
         self._claim_conn: AConn | None = None
         self._record_conn: AConn | None = None
         self._client: httpx.AsyncClient | None = None
         self._recorder: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Relay:
+        self._loop = asyncio.get_running_loop()
         self._client = _http_client(self.config)
         try:
             self._claim_conn = await connect_async(self.url)
@@ -238,6 +249,7 @@ class Relay:
         tb: TracebackType | None,
     ) -> None:
         grace = self.config.shutdown_grace_s
+        self._closing = True
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=grace)
             for task in late:
@@ -254,6 +266,10 @@ class Relay:
         if self._recorder is not None:
             self._recorder.cancel()
             await asyncio.gather(self._recorder, return_exceptions=True)
+        for waiting in self._recorded.values():
+            # Unrecorded: the effect stays started and settles after its lease.
+            if not waiting.done():
+                waiting.set_result(False)
         await self._close_resources()
 
     async def _close_resources(self) -> None:
@@ -376,6 +392,43 @@ class Relay:
                 log.warning("relay listener on %s lost its connection: %s", CHANNEL, exc)
                 await _wait_any(self.config.reconnect_s, stop)
 
+    # -- delivery for an act step ---------------------------------------------------------
+
+    @property
+    def lease_margin_s(self) -> float:
+        return self.config.lease_margin_s
+
+    def delivers_here(self) -> bool:
+        """Whether a caller on the running event loop may hand this relay a claim now."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return running is self._loop and not self._closing and self._recorder is not None
+
+    async def deliver_now(self, claimed: Claimed) -> Outcome | None:
+        """Deliver a row its recorder claimed (`Claimed.at_insert`) and record the outcome.
+
+        Returns the outcome once it is recorded; None when it was not (a bug in the attempt,
+        the relay stopping, or someone else settled the effect first): the caller then reads
+        the effect's row, which settles as after any relay's lost attempt.
+        """
+        try:
+            outcome = await self._attempt(claimed)
+        except Exception:
+            log.exception("relay failed delivering %s", claimed.key)
+            return None
+        recorded = asyncio.get_running_loop().create_future()
+        self._recorded[claimed.outbox_id] = recorded
+        try:
+            self._outcomes.put_nowait(outcome)
+            owned = await recorded
+        finally:
+            self._recorded.pop(claimed.outbox_id, None)
+        if outcome.retry_in_s is not None:
+            self._wake.set()  # a retry is the relay's now: it must know when it is due
+        return outcome if owned else None
+
     # -- one delivery ---------------------------------------------------------------------
 
     async def _deliver(self, claimed: Claimed) -> None:
@@ -467,8 +520,9 @@ class Relay:
             batch = [await self._outcomes.get()]
             while len(batch) < self.config.record_batch and not self._outcomes.empty():
                 batch.append(self._outcomes.get_nowait())
+            owned: set[str] = set()
             try:
-                await self._write(batch)
+                owned = await self._write(batch)
             except Exception:
                 # Never let the recorder die: the relay would keep claiming and never record.
                 # These effects stay `started`; the reconciler settles them after the lease.
@@ -477,9 +531,14 @@ class Relay:
                 for _ in batch:
                     self._outcomes.task_done()
             faults.hit("relay.after_record")
+            for outcome in batch:
+                waiting = self._recorded.get(outcome.claimed.outbox_id)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(outcome.claimed.key in owned)
 
-    async def _write(self, batch: list[Outcome]) -> None:
-        """Record a batch, reconnecting as long as the database is away.
+    async def _write(self, batch: list[Outcome]) -> set[str]:
+        """Record a batch, reconnecting as long as the database is away; returns the keys
+        recorded (still owned by their attempt).
 
         Re-running a batch is harmless: each row's update is guarded by the attempt it owns.
         """
@@ -495,16 +554,17 @@ class Relay:
             except psycopg.Error:
                 if len(batch) == 1:
                     log.exception("relay could not record %s; dropped", batch[0].claimed.key)
-                    return
+                    return set()
                 # One bad row must not cost the others their outcome.
+                recorded: set[str] = set()
                 for outcome in batch:
-                    await self._write([outcome])
-                return
+                    recorded |= await self._write([outcome])
+                return recorded
             self.recorded += len(owned)
             lost = len(batch) - len(owned)
             if lost:
                 log.info("%d outcomes were settled by someone else first; dropped", lost)
-            return
+            return owned
 
     async def _reconnect_record(self) -> None:
         if self._record_conn is not None:
