@@ -268,6 +268,23 @@ INTERNALS: tuple[Internal, ...] = (
         ),
     ),
     Internal(
+        name="fleet-claim",
+        uses="one statement over dbos.workflow_status (SELECT ... FOR UPDATE SKIP LOCKED, then "
+        "UPDATE of status, owner_xid, application_version, executor_id, application_name, "
+        "started_at_epoch_ms, rate_limited, recovery_attempts, updated_at and "
+        "workflow_deadline_epoch_ms) joined to dbos.workflow_input for the inputs; "
+        "SystemDatabase.sharded, app_name, _claim_gate, _scoped and the queue's budget fields "
+        "to tell where it applies",
+        relies_on="for a queue with only a worker concurrency on an unsharded Postgres, the "
+        "statement leaves a claimed row as start_queued_workflows does, takes the rows it "
+        "would take, in its order, and returns each as get_workflow_statuses reads it",
+        why="DBOS's claim builds two SQLAlchemy statements per call and its caller reads the "
+        "rows back in a third round trip: most of the time from a run's commit to its first "
+        "step on an idle worker",
+        used_in=("app/ledgerloop/fleet/queries.sql", "app/ledgerloop/fleet/dbos_internals.py"),
+        tables=("workflow_status", "workflow_input"),
+    ),
+    Internal(
         name="fleet-owner-token",
         uses="dbos._context.get_local_dbos_context().owner_xid inside a step body, and "
         "dbos._error.DBOSWorkflowConflictIDError raised from one",

@@ -513,19 +513,24 @@ async def _token() -> list[str | None]:
     return [execution_owner(), row["owner_xid"] if row else None]
 
 
-def test_fleet_dispatch(cconn: Conn, contract_worker: str) -> None:
+@pytest.mark.parametrize("one_statement", [False, True], ids=["dbos-claim", "one-statement"])
+def test_fleet_dispatch(cconn: Conn, contract_worker: str, one_statement: bool) -> None:
+    """A bounded claim in DBOS's order, then the claimed runs started with the token; the
+    same with the claim as one statement on the caller's connection (fleet-claim)."""
     from ledgerloop.fleet import dbos_internals
 
     name = "fleet-dispatch"
-    queue = DBOS.register_queue("ll_contract_dispatch", worker_concurrency=100)
+    via = cconn if one_statement else None
+    queue = DBOS.register_queue(f"ll_contract_dispatch_{one_statement}", worker_concurrency=100)
     ids = [str(uuid.uuid4()) for _ in range(3)]
     for workflow_id in ids:
         cconn.execute(
             "SELECT dbos.enqueue_workflow(%s, %s, ARRAY[to_json('t'::text)], workflow_id => %s)",
-            (WAITER, "ll_contract_dispatch", workflow_id),
+            (WAITER, queue.name, workflow_id),
         )
-    owner, claimed = dbos_internals.claim_batch(queue, 2)
-    assert len(claimed) == 2, broken(name, f"a claim bounded to 2 took {claimed}")
+    batch = dbos_internals.claim_batch(queue, 2, via)
+    owner, claimed = batch.owner, batch.ids
+    assert claimed == ids[:2], broken(name, f"a claim bounded to 2 took {claimed}")
     for workflow_id in claimed:
         row = _row(cconn, workflow_id)
         assert (row["status"], row["owner_xid"], row["executor_id"]) == (
@@ -533,21 +538,23 @@ def test_fleet_dispatch(cconn: Conn, contract_worker: str) -> None:
             owner,
             contract_worker,
         ), broken(name, f"a claimed row reads {row}")
-    dbos_internals.start_claimed(owner, claimed)
+    dbos_internals.start_claimed(batch)
     for workflow_id in claimed:
         _waiting(workflow_id)
         _send(cconn, workflow_id, "dispatched")
         assert _result(workflow_id, name) == "dispatched"
-    owner, rest = dbos_internals.claim_batch(queue, 2)
+    batch = dbos_internals.claim_batch(queue, 2, via)
+    rest = batch.ids
     assert rest == [i for i in ids if i not in claimed], broken(name, f"then it took {rest}")
-    dbos_internals.start_claimed(owner, rest)
+    dbos_internals.start_claimed(batch)
     _waiting(rest[0])
     _send(cconn, rest[0], "dispatched")
     assert _result(rest[0], name) == "dispatched"
 
 
+@pytest.mark.parametrize("one_statement", [False, True], ids=["dbos-claim", "one-statement"])
 def test_fleet_dispatch_latest_version(
-    cconn: Conn, contract_worker: str, monkeypatch: pytest.MonkeyPatch
+    cconn: Conn, contract_worker: str, monkeypatch: pytest.MonkeyPatch, one_statement: bool
 ) -> None:
     """The claim is told whether this worker runs the latest version (read at most once per
     LatestVersion.ttl_s): a version-less run goes to the latest version's workers only, as
@@ -563,26 +570,95 @@ def test_fleet_dispatch_latest_version(
     )
     # Read on every claim here (a fresh cache: the dispatch test's answer may be cached).
     monkeypatch.setattr(dbos_internals, "_LATEST", dbos_internals.LatestVersion(ttl_s=0.0))
-    queue = DBOS.register_queue("ll_contract_latest", worker_concurrency=100)
+    via = cconn if one_statement else None
+    queue = DBOS.register_queue(f"ll_contract_latest_{one_statement}", worker_concurrency=100)
     mine = DBOS.application_version
     workflow_id = str(uuid.uuid4())
     cconn.execute(
         "SELECT dbos.enqueue_workflow(%s, %s, ARRAY[to_json('t'::text)], workflow_id => %s)",
-        (WAITER, "ll_contract_latest", workflow_id),
+        (WAITER, queue.name, workflow_id),
     )
     sys_db.create_application_version("ll-contract-newer")
     DBOS.set_latest_application_version("ll-contract-newer")
     try:
-        _owner, claimed = dbos_internals.claim_batch(queue, 5)
+        claimed = dbos_internals.claim_batch(queue, 5, via).ids
         assert claimed == [], broken(name, f"a worker of an older version claimed {claimed}")
     finally:
         DBOS.set_latest_application_version(mine)
-    owner, claimed = dbos_internals.claim_batch(queue, 5)
-    assert claimed == [workflow_id], broken(name, f"the latest version's worker took {claimed}")
-    dbos_internals.start_claimed(owner, claimed)
+    batch = dbos_internals.claim_batch(queue, 5, via)
+    assert batch.ids == [workflow_id], broken(name, f"the latest version's worker took {batch}")
+    dbos_internals.start_claimed(batch)
     _waiting(workflow_id)
     _send(cconn, workflow_id, "dispatched")
     assert _result(workflow_id, name) == "dispatched"
+
+
+def test_fleet_claim(cconn: Conn, contract_worker: str) -> None:
+    """The one-statement claim leaves a row as DBOS's claim leaves its twin (priority order,
+    timeout deadline, recovery attempt, executor, version) and returns exactly what DBOS's
+    get_workflow_statuses reads for it."""
+    from dbos._dbos import _get_dbos_instance
+
+    from ledgerloop.fleet import dbos_internals
+
+    name = "fleet-claim"
+    sys_db = _get_dbos_instance()._sys_db
+    queue = DBOS.register_queue("ll_contract_claim", worker_concurrency=100)
+    assert dbos_internals.claims_in_one_statement(sys_db, queue), broken(
+        name, "a queue with only a worker concurrency is no longer claimed in one statement"
+    )
+    limited = DBOS.register_queue("ll_contract_claim_limited", worker_concurrency=5, concurrency=50)
+    assert not dbos_internals.claims_in_one_statement(sys_db, limited), broken(
+        name, "a queue with a global concurrency was taken for one without"
+    )
+    twins = {}
+    for label, priority in (("low", 5), ("dbos", 1), ("ours", 1)):
+        twins[label] = str(uuid.uuid4())
+        cconn.execute(
+            "SELECT dbos.enqueue_workflow(%s, %s, ARRAY[to_json('t'::text)], "
+            "workflow_id => %s, timeout_ms => 60000, priority => %s)",
+            (WAITER, queue.name, twins[label], priority),
+        )
+    by_dbos = dbos_internals.claim_batch(queue, 1)
+    by_statement = dbos_internals.claim_batch(queue, 1, cconn)
+    assert (by_dbos.ids, by_statement.ids) == ([twins["dbos"]], [twins["ours"]]), broken(
+        name, f"claims took {by_dbos.ids} then {by_statement.ids}, not in priority order"
+    )
+    (read,) = sys_db.get_workflow_statuses([twins["ours"]])
+    assert by_statement.statuses == [dict(read)], broken(
+        name, f"the statement returned {by_statement.statuses}, DBOS reads {dict(read)}"
+    )
+    varying = {
+        "workflow_uuid",
+        "owner_xid",
+        "created_at",
+        "updated_at",
+        "started_at_epoch_ms",
+        "workflow_deadline_epoch_ms",
+    }
+    rows = {
+        label: cconn.execute(
+            "SELECT * FROM dbos.workflow_status WHERE workflow_uuid = %s", (twins[label],)
+        ).fetchone()
+        for label in ("dbos", "ours")
+    }
+    same = {
+        label: {k: v for k, v in row.items() if k not in varying} for label, row in rows.items()
+    }
+    assert same["ours"] == same["dbos"], broken(
+        name, f"claimed rows differ: DBOS {same['dbos']}, the statement {same['ours']}"
+    )
+    for label, claim in (("dbos", by_dbos), ("ours", by_statement)):
+        row = rows[label]
+        assert row["owner_xid"] == claim.owner, broken(name, f"{label} row {row}")
+        deadline = row["workflow_deadline_epoch_ms"] - row["started_at_epoch_ms"]
+        assert 59_000 <= deadline <= 61_000, broken(name, f"{label} deadline {deadline} ms")
+    dbos_internals.start_claimed(by_statement)
+    dbos_internals.start_claimed(by_dbos)
+    for label in ("dbos", "ours"):
+        _waiting(twins[label])
+        _send(cconn, twins[label], "claimed")
+        assert _result(twins[label], name) == "claimed"
 
 
 def test_fleet_owner_token(cconn: Conn) -> None:

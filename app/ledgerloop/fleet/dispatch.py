@@ -105,12 +105,13 @@ class Dispatcher:
                 # Presumed dead or about to be: claiming now would hand runs to a worker that
                 # may not run steps.
                 return False
-            owner, ids = dbos_internals.claim_batch(self.queue, self.batch)
-            if ids:
-                self.fence.verified(owner)
-                dbos_internals.start_claimed(owner, ids)
-                self.claimed += len(ids)
-            if len(ids) < self.batch:
+            # On the listening connection: the claim is one statement there (dbos_internals).
+            claimed = dbos_internals.claim_batch(self.queue, self.batch, self._listen())
+            if claimed.statuses:
+                self.fence.verified(claimed.owner)
+                dbos_internals.start_claimed(claimed)
+                self.claimed += len(claimed.statuses)
+            if len(claimed.statuses) < self.batch:
                 return True
             # Let the other woken workers take the next batch if they are ready first.
             time.sleep(0.001)

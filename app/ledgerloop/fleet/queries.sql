@@ -216,3 +216,60 @@ WHERE w.workflow_uuid IS NULL
            AND l.heartbeat_at >= now() - make_interval(secs => %(stale_s)s)))
 ORDER BY r.created_at
 LIMIT %(limit)s
+
+-- name: queue_claim
+-- The dispatcher's claim of Ledgerloop's queue in one statement on its own connection: what
+-- DBOS 3.4's `start_queued_workflows` does for a queue with only a worker concurrency, on an
+-- unsharded Postgres (pick ENQUEUED rows of this version, or version-less ones when this
+-- worker runs the latest version, oldest first by priority, SKIP LOCKED; mark them PENDING
+-- for this executor with the claim's token, count the dispatch as a recovery attempt, start
+-- the timeout's deadline), returning each row as DBOS's `get_workflow_statuses` reads it, so
+-- the claimed runs start without a second read. fleet/claim.py says when it applies;
+-- tests/contract/test_fleet_claim.py holds it to DBOS's own claim.
+WITH picked AS (
+  SELECT workflow_uuid
+  FROM dbos.workflow_status
+  WHERE queue_name = %(queue)s
+    AND status = 'ENQUEUED'
+    AND (application_version = %(app_version)s
+         OR (%(latest)s AND application_version IS NULL))
+    AND (%(app_name)s::text IS NULL OR application_name = %(app_name)s
+         OR application_name IS NULL)
+  ORDER BY priority, created_at
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+), claimed AS (
+  UPDATE dbos.workflow_status w
+  SET status = 'PENDING',
+      owner_xid = %(owner)s,
+      application_version = %(app_version)s,
+      executor_id = %(executor_id)s,
+      application_name = %(app_name)s,
+      started_at_epoch_ms = (extract(epoch FROM now()) * 1000)::bigint,
+      rate_limited = false,
+      recovery_attempts = w.recovery_attempts + 1,
+      updated_at = (extract(epoch FROM now()) * 1000)::bigint,
+      workflow_deadline_epoch_ms = CASE
+        WHEN w.workflow_timeout_ms IS NOT NULL AND w.workflow_deadline_epoch_ms IS NULL THEN
+          CASE WHEN w.workflow_timeout_ms > 9223372036854775807 - %(start_ms)s::bigint
+               THEN 9223372036854775807
+               ELSE %(start_ms)s::bigint + w.workflow_timeout_ms END
+        ELSE w.workflow_deadline_epoch_ms END
+  FROM picked
+  WHERE w.workflow_uuid = picked.workflow_uuid
+    AND w.status = 'ENQUEUED'
+    AND (%(app_name)s::text IS NULL OR w.application_name = %(app_name)s
+         OR w.application_name IS NULL)
+  RETURNING w.*
+)
+SELECT c.workflow_uuid, c.status, c.name, c.recovery_attempts, c.config_name, c.class_name,
+       c.authenticated_user, c.authenticated_roles, c.assumed_role, c.queue_name,
+       c.executor_id, c.created_at, c.updated_at, c.application_version, c.application_id,
+       c.workflow_deadline_epoch_ms, c.workflow_timeout_ms, c.deduplication_id, c.priority,
+       coalesce(i.inputs, c.inputs) AS inputs, c.queue_partition_key, c.forked_from,
+       c.parent_workflow_id, c.started_at_epoch_ms, c.serialization, c.delay_until_epoch_ms,
+       c.attributes, c.schedule_name, c.debounce_deadline_epoch_ms, c.is_debounced,
+       c.application_name
+FROM claimed c
+LEFT JOIN dbos.workflow_input i ON i.workflow_uuid = c.workflow_uuid
+ORDER BY c.priority, c.created_at
