@@ -41,8 +41,9 @@ def test_runs_started_from_sql_are_dispatched_by_notify_in_batches(
                 start_test_run(conn, "ops", f"burst {i}")
         wait_until(lambda: succeeded(conn) == RUNS + 4, timeout=60)
         assert worker.runtime is not None
-    # Every claim stamps its runs with its transaction's start: no claim took more than a
-    # batch, so the burst was left for other workers to share.
+    # Every claim stamps its runs with its statement's time, and a worker's claims are
+    # BATCH_PAUSE_S apart: no claim took more than a batch, so the burst was left for other
+    # workers to share.
     claims = conn.execute(
         "SELECT started_at_epoch_ms, count(*) AS n FROM dbos.workflow_status "
         "WHERE name = 'ledgerloop_run' GROUP BY started_at_epoch_ms"

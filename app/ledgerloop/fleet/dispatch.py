@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "ledgerloop_runs"
 
+#: The pause after a full batch before claiming the next one (see drain).
+BATCH_PAUSE_S = 0.005
+
 
 class Dispatcher:
     def __init__(
@@ -113,6 +116,7 @@ class Dispatcher:
                 self.claimed += len(claimed.statuses)
             if len(claimed.statuses) < self.batch:
                 return True
-            # Let the other woken workers take the next batch if they are ready first.
-            time.sleep(0.001)
+            # Let the other woken workers take the next batch if they are ready first: a
+            # claim takes about a millisecond, less than a peer needs to wake up.
+            time.sleep(BATCH_PAUSE_S)
         return True
