@@ -126,32 +126,19 @@ def _script(tool: str) -> str:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("fault", RELAY_FAULTS)
-def test_relay_killed(
-    fault: str, kind: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
+@pytest.mark.parametrize("sender", ["relay", "delivering worker"])
+def test_sender_killed(
+    sender: str, fault: str, kind: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
 ) -> None:
+    """The relay, or a worker that runs it (its act steps send their own effects), killed at
+    each point of a delivery attempt; the restarted sender settles what it left."""
     c = cluster(_script(KINDS[kind]))
-    c.start("worker")
-    relay = c.start("relay", fault)
+    if sender == "relay":
+        c.start("worker")
+    victim = c.start(sender, fault)
     run_id = start_test_run(conn, "writer", "file one")
-    assert relay.wait(timeout=60) == -9, c.output()
-    c.start("relay")
-    wait_until(lambda: _settled(conn, run_id), timeout=60)
-    _check_invariants(conn, run_id, tickets)
-
-
-@pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("fault", RELAY_FAULTS)
-def test_worker_sending_its_own_effect_killed(
-    fault: str, kind: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
-) -> None:
-    """A worker that runs the relay sends each effect from the act step that recorded it;
-    killed at the same points of that attempt, it leaves what a killed relay leaves, and the
-    restarted worker settles it the same way."""
-    c = cluster(_script(KINDS[kind]))
-    worker = c.start("delivering worker", fault)
-    run_id = start_test_run(conn, "writer", "file one")
-    assert worker.wait(timeout=60) == -9, c.output()
-    c.start("delivering worker")
+    assert victim.wait(timeout=60) == -9, c.output()
+    c.start(sender)
     wait_until(lambda: _settled(conn, run_id), timeout=60)
     _check_invariants(conn, run_id, tickets)
 

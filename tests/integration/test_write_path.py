@@ -17,7 +17,7 @@ import pytest
 from ledgerloop.approvals.principals import principal_create
 from ledgerloop.approvals.store import approval_decide, approval_list
 from ledgerloop.db.connect import Conn
-from ledgerloop.effects.ledger import effect_list, effect_resolve
+from ledgerloop.effects.ledger import Effect, effect_list, effect_resolve
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_events, run_require
@@ -233,16 +233,24 @@ def test_failed_run_compensates_its_effects_as_new_effects(
     assert run.state["compensations"] == [{"key": compensation.key, "status": "succeeded"}]
 
 
-def test_a_quick_outcome_settles_the_act_step_itself(
-    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
-) -> None:
+def _one_ticket(
+    conn: Conn, scripted_model: Any, worker: Any, **settings: Any
+) -> tuple[Any, uuid.UUID, Effect]:
+    """A run that files one idempotent ticket and succeeds: its model, id and effect."""
     model = scripted_model(
         "default: {turns: [{tool_use: {name: ticket_idempotent, input: {title: x}}}, {text: done}]}"
     )
-    worker(model.url)
+    worker(model.url, **settings)
     run_id = start_test_run(conn, "writer", "file")
     assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
     (effect,) = effect_list(conn, run_id=run_id)
+    return model, run_id, effect
+
+
+def test_a_quick_outcome_settles_the_act_step_itself(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model, run_id, effect = _one_ticket(conn, scripted_model, worker)
     (result,) = _tool_results(model)
     assert json.loads(result["content"])["id"] == effect.external_reference
     # The step saw the outcome: no durable wait ran, and the message went unread.
@@ -297,13 +305,7 @@ def test_a_worker_running_the_relay_sends_the_effect_from_its_act_step(
     takes the row. Either way: one attempt, one ticket."""
     listener = psycopg.connect(db_url, autocommit=True)
     listener.execute("LISTEN ledgerloop_outbox")
-    model = scripted_model(
-        "default: {turns: [{tool_use: {name: ticket_idempotent, input: {title: x}}}, {text: done}]}"
-    )
-    worker(model.url, inline_delivery=inline)
-    run_id = start_test_run(conn, "writer", "file")
-    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
-    (effect,) = effect_list(conn, run_id=run_id)
+    _, _, effect = _one_ticket(conn, scripted_model, worker, inline_delivery=inline)
     assert (effect.status.value, effect.attempts) == ("succeeded", 1)
     outbox = conn.execute(
         "SELECT status, attempts FROM ledgerloop.outbox WHERE idempotency_key = %s", (effect.key,)
@@ -322,13 +324,7 @@ def test_a_refused_inline_attempt_is_retried_by_the_relay_at_once(
     the relay's, due after a backoff of a fraction of a second. The relay is told, so the retry
     goes out then, not at its next safety poll (5 s)."""
     _fault(tickets, mode="fail_before_commit", kind="idempotent")
-    model = scripted_model(
-        "default: {turns: [{tool_use: {name: ticket_idempotent, input: {title: x}}}, {text: done}]}"
-    )
-    worker(model.url)
-    run_id = start_test_run(conn, "writer", "file")
-    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
-    (effect,) = effect_list(conn, run_id=run_id)
+    _, _, effect = _one_ticket(conn, scripted_model, worker)
     assert (effect.status.value, effect.attempts) == ("succeeded", 2)
     assert (effect.updated_at - effect.created_at).total_seconds() < 3.5
     assert _stats(tickets)["created"] == 1

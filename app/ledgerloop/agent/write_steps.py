@@ -411,26 +411,27 @@ def _deliverer() -> Deliverer | None:
 
 def _delivered(outcome: Outcome) -> dict[str, Any]:
     """What `_recorded` would read back from the effect's row once `outcome` is recorded."""
-    recorded: dict[str, Any] = {"status": outcome.status.value}
-    if outcome.status.value in SETTLED:
-        recorded["outcome"] = {
-            "status": outcome.status.value,
-            "result": outcome.result,
-            "error": outcome.error,
-            "external_reference": outcome.external_reference,
-        }
-    return recorded
+    return _reading(outcome.status, outcome.result, outcome.error, outcome.external_reference)
 
 
 def _recorded(effect: Effect) -> dict[str, Any]:
-    recorded: dict[str, Any] = {"key": effect.key, "status": effect.status.value}
-    if effect.status.value in SETTLED:
+    return {
+        "key": effect.key,
+        **_reading(effect.status, effect.result, effect.error, effect.external_reference),
+    }
+
+
+def _reading(
+    status: EffectStatus, result: Any, error: str | None, ref: str | None
+) -> dict[str, Any]:
+    recorded: dict[str, Any] = {"status": status.value}
+    if status.value in SETTLED:
         # The same fields as the effect's message (app/ledgerloop/effects/messages.py).
         recorded["outcome"] = {
-            "status": effect.status.value,
-            "result": effect.result,
-            "error": effect.error,
-            "external_reference": effect.external_reference,
+            "status": status.value,
+            "result": result,
+            "error": error,
+            "external_reference": ref,
         }
     return recorded
 

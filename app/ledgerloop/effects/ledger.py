@@ -99,18 +99,9 @@ def effect_begin(
     Same key and another hash: KeyReuse, naming both hashes. The caller checks the returned
     status: a settled effect (replay after the outcome arrived) needs no waiting.
     """
-    effect, _ = _begin(
-        conn,
-        "effect_insert",
-        key=key,
-        run_id=run_id,
-        tenant_id=tenant_id,
-        tool=tool,
-        request_hash=request_hash,
-        destination=destination,
-        request=request,
-        compensates=compensates,
-    )
+    facts = {"key": key, "run_id": run_id, "tenant_id": tenant_id, "tool": tool}
+    facts |= {"request_hash": request_hash, "destination": destination, "request": request}
+    effect, _ = _begin(conn, "effect_insert", {**facts, "compensates": compensates})
     return effect
 
 
@@ -124,51 +115,23 @@ class Claim:
 
 
 def effect_begin_claimed(
-    conn: Conn,
-    *,
-    key: str,
-    run_id: uuid.UUID,
-    tenant_id: uuid.UUID,
-    tool: str,
-    request_hash: str,
-    destination: str,
-    request: dict[str, Any] | DeliveryRequest,
-    lease_margin_s: float,
+    conn: Conn, *, lease_margin_s: float, **facts: Any
 ) -> tuple[Effect, Claim | None]:
-    """`effect_begin` for a recorder that sends the effect itself: a new effect is born
-    `started`, its outbox row claimed (attempt 1, leased for the request's timeout plus
-    `lease_margin_s`), and the claim is returned with it. An existing key returns the
-    existing effect and no claim: whoever holds it delivers it."""
-    return _begin(
-        conn,
-        "effect_insert_claimed",
-        key=key,
-        run_id=run_id,
-        tenant_id=tenant_id,
-        tool=tool,
-        request_hash=request_hash,
-        destination=destination,
-        request=request,
-        compensates=None,
-        lease_margin_s=lease_margin_s,
-    )
+    """`effect_begin` (same facts, no compensation) for a recorder that sends the effect
+    itself: a new effect is born `started`, its outbox row claimed (attempt 1, leased for
+    the request's timeout plus `lease_margin_s`), and the claim is returned with it. An
+    existing key returns the existing effect and no claim: whoever holds it delivers it."""
+    return _begin(conn, "effect_insert_claimed", {**facts, "compensates": None}, lease_margin_s)
 
 
 def _begin(
-    conn: Conn,
-    query: str,
-    *,
-    key: str,
-    run_id: uuid.UUID,
-    tenant_id: uuid.UUID,
-    tool: str,
-    request_hash: str,
-    destination: str,
-    request: dict[str, Any] | DeliveryRequest,
-    compensates: str | None,
-    lease_margin_s: float | None = None,
+    conn: Conn, query: str, facts: dict[str, Any], lease_margin_s: float | None = None
 ) -> tuple[Effect, Claim | None]:
-    delivery = DeliveryRequest.from_json(request)
+    """Run `query` (effect_insert or effect_insert_claimed) with `effect_begin`'s facts."""
+    key: str = facts["key"]
+    compensates: str | None = facts["compensates"]
+    request_hash: str = facts["request_hash"]
+    delivery = DeliveryRequest.from_json(facts["request"])
     if compensates is not None and key != compensates + COMPENSATION_SUFFIX:
         raise InvalidCompensation(
             f"a compensation of {compensates!r} must have the key "
@@ -181,13 +144,7 @@ def _begin(
         row = conn.execute(
             Q[query],
             {
-                "key": key,
-                "run_id": run_id,
-                "tenant_id": tenant_id,
-                "tool": tool,
-                "request_hash": request_hash,
-                "destination": destination,
-                "compensates": compensates,
+                **facts,
                 "request": Jsonb(delivery.to_json()),
                 "deadline_s": delivery.deadline_s,
                 "timeout_ms": delivery.timeout_ms,
