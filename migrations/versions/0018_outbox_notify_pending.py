@@ -17,25 +17,24 @@ branch_labels = None
 depends_on = None
 
 
-def _notify_function(where: str) -> str:
-    return f"""
-        CREATE OR REPLACE FUNCTION ledgerloop.outbox_notify() RETURNS trigger
-        LANGUAGE plpgsql AS $$
-        DECLARE
-          first_id bigint;
-        BEGIN
-          SELECT min(id) INTO first_id FROM inserted{where};
-          IF first_id IS NOT NULL THEN
-            PERFORM pg_notify('ledgerloop_outbox', first_id::text);
-          END IF;
-          RETURN NULL;
-        END $$
-        """
+_NOTIFY = """
+    CREATE OR REPLACE FUNCTION ledgerloop.outbox_notify() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+    DECLARE
+      first_id bigint;
+    BEGIN
+      SELECT min(id) INTO first_id FROM inserted WHERE_CLAUSE;
+      IF first_id IS NOT NULL THEN
+        PERFORM pg_notify('ledgerloop_outbox', first_id::text);
+      END IF;
+      RETURN NULL;
+    END $$
+"""
 
 
 def upgrade() -> None:
-    op.execute(_notify_function(" WHERE status = 'pending'"))
+    op.execute(_NOTIFY.replace(" WHERE_CLAUSE", " WHERE status = 'pending'"))
 
 
 def downgrade() -> None:
-    op.execute(_notify_function(""))
+    op.execute(_NOTIFY.replace(" WHERE_CLAUSE", ""))
