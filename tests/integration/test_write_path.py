@@ -329,3 +329,22 @@ def test_a_refused_inline_attempt_is_retried_by_the_relay_at_once(
     assert (effect.updated_at - effect.created_at).total_seconds() < 3.5
     assert _stats(tickets)["created"] == 1
     assert _stats(tickets)["requests"] == 2
+
+
+def test_a_stopping_worker_lets_its_act_steps_deliveries_finish(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    """A worker stopped while an act step's own delivery is under way (a slow downstream)
+    lets that call finish and records its outcome before its relay closes: the effect is
+    settled, not left started for the reconciler."""
+    _fault(tickets, mode="slow", delay_ms=700, kind="idempotent")  # its timeout: 1 s
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: ticket_idempotent, input: {title: x}}}, {text: done}]}"
+    )
+    running = worker(model.url)
+    run_id = start_test_run(conn, "writer", "file")
+    wait_until(lambda: _stats(tickets)["requests"] == 1, timeout=20)
+    running.stop()
+    (effect,) = effect_list(conn, run_id=run_id)
+    assert (effect.status.value, effect.attempts) == ("succeeded", 1)
+    assert _stats(tickets)["created"] == 1

@@ -23,22 +23,21 @@ Crash points (`ledgerloop.faults`): `relay.before_send` (started committed, noth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from types import TracebackType
-from typing import Literal
 
 import httpx
 import psycopg
 
 from ledgerloop import faults
-from ledgerloop.effects.delivery import Delivery, Verdict, delivery_url, send
+from ledgerloop.effects.attempts import RelayConfig, backoff_s, decide, failure, http_client
+from ledgerloop.effects.delivery import Verdict, delivery_url, send
 from ledgerloop.effects.errors import InvalidDeliveryRequest
 from ledgerloop.effects.ledger import COMPENSATION_SUFFIX
-from ledgerloop.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
+from ledgerloop.effects.messages import DeliveryRequest, OutboxStatus
 from ledgerloop.effects.outbox import (
     CHANNEL,
     AConn,
@@ -49,7 +48,6 @@ from ledgerloop.effects.outbox import (
     outbox_next_due,
     outbox_record,
 )
-from ledgerloop.effects.transport import LeanTransport
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.mcptools.calls import call_tool
 from ledgerloop.mcptools.client import McpConnections
@@ -61,130 +59,6 @@ log = logging.getLogger(__name__)
 
 #: After a claim that left due rows behind (another relay holds their locks), look again soon.
 CONTENDED_WAIT_S = 0.05
-
-
-@dataclass(frozen=True)
-class RelayConfig:
-    batch_size: int = 100
-    #: Calls in flight at once; also the HTTP client's connection limit.
-    concurrency: int = 100
-    #: Fallback wake-up for notifications missed while the listener reconnected.
-    safety_poll_s: float = 5.0
-    #: A claim's lease is the request timeout plus this (time to record the outcome).
-    lease_margin_s: float = 5.0
-    #: How long an unknown outcome rests before the reconciler looks: a request that timed out
-    #: here may still be running (and commit) at the destination.
-    settle_after_s: float = 5.0
-    backoff_base_s: float = 0.25
-    backoff_cap_s: float = 30.0
-    reconnect_s: float = 1.0
-    shutdown_grace_s: float = 10.0
-    record_batch: int = 500
-    #: Idle keep-alive connections close before a typical server's (uvicorn: 5 s), so a request
-    #: is never written onto a socket the server is closing: that would read as "unknown".
-    keepalive_expiry_s: float = 2.0
-    #: "lean": ledgerloop.effects.transport (about a tenth of httpx's CPU per call); "httpx":
-    #: httpx's own transport (proxies, HTTP/2). Both classify answers the same way.
-    transport: Literal["lean", "httpx"] = "lean"
-
-
-def _http_client(config: RelayConfig) -> httpx.AsyncClient:
-    """One pooled keep-alive client for every destination."""
-    if config.transport == "lean":
-        return httpx.AsyncClient(
-            transport=LeanTransport(
-                max_connections=config.concurrency, keepalive_expiry=config.keepalive_expiry_s
-            )
-        )
-    return httpx.AsyncClient(
-        limits=httpx.Limits(
-            max_connections=config.concurrency,
-            max_keepalive_connections=config.concurrency,
-            keepalive_expiry=config.keepalive_expiry_s,
-        )
-    )
-
-
-def backoff_s(attempt: int, base: float, cap: float, rand: Callable[[], float]) -> float:
-    """Exponential in the attempt number, with jitter so retries of a burst spread out."""
-    ceiling = min(cap, base * 2.0 ** max(attempt - 1, 0))
-    return ceiling / 2 + rand() * ceiling / 2
-
-
-def failure(claimed: Claimed, reason: str, outbox_status: OutboxStatus) -> Outcome:
-    """A non-retryable end; a compensation parks for a person instead (it must not just stop)."""
-    if claimed.compensates is not None:
-        return Outcome(
-            claimed,
-            EffectStatus.NEEDS_HUMAN,
-            outbox_status,
-            error=f"compensation failed: {reason}",
-            evidence={
-                "reason": f"compensation failed: {reason}",
-                "last_error": reason,
-                "attempts": claimed.effect_attempts,
-                "request": claimed.request,
-            },
-        )
-    return Outcome(claimed, EffectStatus.FAILED, outbox_status, error=reason)
-
-
-def decide(
-    claimed: Claimed,
-    request: DeliveryRequest,
-    delivery: Delivery,
-    config: RelayConfig,
-    rand: Callable[[], float] = random.random,
-) -> Outcome:
-    """What one answer means for the effect and its outbox row."""
-    if delivery.verdict is Verdict.SUCCEEDED:
-        return Outcome(
-            claimed,
-            EffectStatus.SUCCEEDED,
-            OutboxStatus.DONE,
-            external_reference=delivery.external_reference,
-            result=delivery.result,
-        )
-    if delivery.verdict is Verdict.FAILED:
-        return failure(claimed, delivery.detail, OutboxStatus.DONE)
-    if delivery.verdict is Verdict.UNKNOWN:
-        return Outcome(
-            claimed,
-            EffectStatus.OUTCOME_UNKNOWN,
-            OutboxStatus.DONE,
-            error=delivery.detail,
-            evidence={
-                "last_error": delivery.detail,
-                "status_code": delivery.status_code,
-                "attempts": claimed.effect_attempts,
-            },
-            lease_s=config.settle_after_s,
-        )
-    attempt = claimed.attempts
-    if attempt >= request.max_attempts:
-        return failure(
-            claimed,
-            f"gave up after {attempt} attempts (max_attempts {request.max_attempts}): "
-            f"{delivery.detail}",
-            OutboxStatus.DEAD,
-        )
-    delay = delivery.retry_after_s
-    if delay is None:
-        delay = backoff_s(attempt, config.backoff_base_s, config.backoff_cap_s, rand)
-    if delay >= claimed.deadline_left_s():
-        return failure(
-            claimed,
-            f"deadline of {request.deadline_s:g}s passes before attempt {attempt + 1}: "
-            f"{delivery.detail}",
-            OutboxStatus.DEAD,
-        )
-    return Outcome(
-        claimed,
-        EffectStatus.PENDING,
-        OutboxStatus.PENDING,
-        error=f"attempt {attempt} of {request.max_attempts}: {delivery.detail}",
-        retry_in_s=delay,
-    )
 
 
 async def _wait_any(timeout: float | None, *events: asyncio.Event) -> None:
@@ -225,6 +99,10 @@ class Relay:
         self._recorded: dict[int, asyncio.Future[bool]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        #: Act steps' deliveries under way; a stopping relay lets them finish (bounded).
+        self._inline = 0
+        self._inline_done = asyncio.Event()
+        self._inline_done.set()
         self._claim_conn: AConn | None = None
         self._record_conn: AConn | None = None
         self._client: httpx.AsyncClient | None = None
@@ -232,7 +110,7 @@ class Relay:
 
     async def __aenter__(self) -> Relay:
         self._loop = asyncio.get_running_loop()
-        self._client = _http_client(self.config)
+        self._client = http_client(self.config)
         try:
             self._claim_conn = await connect_async(self.url)
             self._record_conn = await connect_async(self.url)
@@ -250,6 +128,8 @@ class Relay:
     ) -> None:
         grace = self.config.shutdown_grace_s
         self._closing = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._inline_done.wait(), grace)
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=grace)
             for task in late:
@@ -413,11 +293,23 @@ class Relay:
         the relay stopping, or someone else settled the effect first): the caller then reads
         the effect's row, which settles as after any relay's lost attempt.
         """
+        self._inline += 1
+        self._inline_done.clear()
+        try:
+            return await self._deliver_now(claimed)
+        finally:
+            self._inline -= 1
+            if not self._inline:
+                self._inline_done.set()
+
+    async def _deliver_now(self, claimed: Claimed) -> Outcome | None:
         try:
             outcome = await self._attempt(claimed)
         except Exception:
             log.exception("relay failed delivering %s", claimed.key)
             return None
+        if self._recorder is None or self._recorder.done():
+            return None  # stopped meanwhile: the effect settles after its lease
         recorded = asyncio.get_running_loop().create_future()
         self._recorded[claimed.outbox_id] = recorded
         try:
