@@ -32,6 +32,19 @@ def test_refund_survives(boundary: Any, ledgerloop_crash: Any) -> None:
     assert refund.body == {"order": "A-1", "amount_cents": 5000}
 
 
+@pytest.mark.parametrize("boundary", crash_matrix(), ids=str)
+def test_refund_survives_in_one_process(boundary: Any, ledgerloop_crash: Any) -> None:
+    """The same effect boundaries with the relay inside the worker (`ledgerloop up`): its act
+    step sends the refund itself, and the worker is what dies."""
+    harness = ledgerloop_crash(
+        script="refund_conversation.yaml", destinations=["payments"], one_process=True
+    )
+    outcome = harness.check(boundary, agent="refunds", input={"message": "refund 50 on A-1"})
+    assert outcome.status == "succeeded", outcome.timeline
+    [refund] = harness.downstream.effects()
+    assert refund.body == {"order": "A-1", "amount_cents": 5000}
+
+
 @pytest.mark.parametrize("boundary", COMPENSATION, ids=str)
 def test_a_failed_run_reverses_its_refund_once(boundary: Any, ledgerloop_crash: Any) -> None:
     harness = ledgerloop_crash(script="refund_then_outage.yaml", destinations=["payments"])

@@ -142,6 +142,11 @@ class CrashHarness:
 
     `env` holds what the worker and relay need besides the database (agent modules, policy
     file, model URL, destinations); the plugin's `ledgerloop_crash` fixture builds it.
+
+    `one_process`: one worker that runs the relay (`ledgerloop up`), whose act steps send
+    their effects themselves, instead of a worker and a relay apart (`ledgerloop up
+    --no-relay` and `ledgerloop relay`). Every boundary's fault point is then in that
+    worker, which is the process killed and restarted.
     """
 
     database_url: str
@@ -150,6 +155,7 @@ class CrashHarness:
     env: dict[str, str]
     logs: Path
     approver_token: str | None = None
+    one_process: bool = False
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     # -- processes -----------------------------------------------------------------------
@@ -157,11 +163,12 @@ class CrashHarness:
     def _start(self, role: Role, faults: str = "") -> subprocess.Popen[bytes]:
         env = {**worker_env(self.database_url), **self.env, "LEDGERLOOP_FAULTS": faults}
         log = self.logs / f"{role}-{len(self.procs)}.log"
-        proc = (
-            start_worker(env, "--no-relay", log=log)
-            if role == "worker"
-            else start_relay(env, log=log)
-        )
+        if role == "relay":
+            proc = start_relay(env, log=log)
+        elif self.one_process:
+            proc = start_worker(env, log=log)
+        else:
+            proc = start_worker(env, "--no-relay", log=log)
         self.procs.append(proc)
         return proc
 
@@ -311,9 +318,13 @@ class CrashHarness:
         from ledgerloop.runs.start import start_run
 
         faults = boundary.fault or ""
-        worker = self._start("worker", faults if boundary.role == "worker" else "")
-        relay = self._start("relay", faults if boundary.role == "relay" else "")
-        victim = worker if boundary.role == "worker" else relay
+        role: Role = "worker" if self.one_process else boundary.role
+        if self.one_process:
+            victim = self._start("worker", faults)
+        else:
+            worker = self._start("worker", faults if role == "worker" else "")
+            relay = self._start("relay", faults if role == "relay" else "")
+            victim = worker if role == "worker" else relay
         with self._conn() as conn:
             run_id = start_run(conn, agent=agent, input=dict(input))
 
@@ -337,10 +348,10 @@ class CrashHarness:
 
             wait_until(died, timeout)
             assert victim.returncode == -9, (
-                f"boundary {boundary}: the {boundary.role} exited {victim.returncode}, not by "
+                f"boundary {boundary}: the {role} exited {victim.returncode}, not by "
                 f"SIGKILL at the fault point\n{self.output()}"
             )
-        self._start(boundary.role)
+        self._start(role)
         try:
             wait_until(lambda: self._settled(run_id, approve), timeout)
         except AssertionError as exc:

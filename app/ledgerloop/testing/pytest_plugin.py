@@ -170,8 +170,10 @@ def ledgerloop_crash(
     ledgerloop_downstream: Callable[..., RecordingDownstream],
     tmp_path: Path,
 ) -> Iterator[Callable[..., CrashHarness]]:
-    """`ledgerloop_crash(script=..., destinations=[...])` -> a CrashHarness; every destination
-    named points at one recording downstream. Processes are stopped after the test."""
+    """`ledgerloop_crash(script=..., destinations=[...], one_process=False)` -> a CrashHarness;
+    every destination named points at one recording downstream. `one_process`: a worker that
+    runs the relay, as `ledgerloop up` does, instead of a worker and a relay apart. Processes
+    are stopped after the test."""
     from ledgerloop.testing.crash import CrashHarness, harness_env
 
     harnesses: list[CrashHarness] = []
@@ -184,6 +186,7 @@ def ledgerloop_crash(
         honours_keys: bool = True,
         agent_modules: list[str] | None = None,
         policy_file: str | Path | None = None,
+        one_process: bool = False,
     ) -> CrashHarness:
         model = ledgerloop_model(script)
         downstream = ledgerloop_downstream(honours_keys=honours_keys)
@@ -211,7 +214,9 @@ def ledgerloop_crash(
         )
         logs = tmp_path / f"crash-{len(harnesses)}"
         logs.mkdir()
-        harness = CrashHarness(ledgerloop_database, model, downstream, env, logs)
+        harness = CrashHarness(
+            ledgerloop_database, model, downstream, env, logs, one_process=one_process
+        )
         harnesses.append(harness)
         return harness
 
