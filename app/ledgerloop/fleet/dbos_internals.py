@@ -150,7 +150,6 @@ def claims_in_one_statement(sys_db: Any, queue: Any) -> bool:
             and queue._partition_concurrency is None
             and queue._partition_limiter is None
             and queue._partition_worker_concurrency is None
-            and not queue._has_partition_limits()
         )
     except AttributeError:  # another DBOS: its own claim, whatever it does now
         return False
