@@ -139,9 +139,10 @@ def test_a_fleet_survives_a_kill_and_a_freeze_without_repeating_a_recorded_step(
                 ).fetchone()
                 assert row is not None
                 runs[text] = row["id"]
-        # Every run under way, and every worker executing some.
+        # Every run under way, and two workers executing some: one to kill, one to freeze
+        # (the third may have none; it must be left alone either way).
         wait_until(lambda: len({first_text(r) for r in model.requests()}) == RUNS, timeout=60)
-        wait_until(lambda: len(pending_by_worker(conn)) == 3, timeout=30)
+        wait_until(lambda: len(pending_by_worker(conn)) >= 2, timeout=30)
 
         # The worker holding the most runs dies; another freezes past the staleness limit.
         by_worker = sorted(pending_by_worker(conn).items(), key=lambda kv: -kv[1])
@@ -187,12 +188,10 @@ def test_a_fleet_survives_a_kill_and_a_freeze_without_repeating_a_recorded_step(
     assert after[frozen_id] != started[frozen_id], context  # taken over, registered again
     frozen_log = logs[frozen_name].read_text()
     assert "was taken over by a peer" in frozen_log, context
-    # Its executions of the runs it lost stopped (at the fence before a step, or at DBOS's
-    # own check when a checkpoint was under way at the freeze).
-    assert (
-        "was taken over while this worker was silent" in frozen_log
-        or "no longer owned by this execution" in frozen_log
-    ), context
+    # Its executions of the runs it lost ran no step again (model_calls_after_recording and
+    # the ticket count above). Where one was between steps or inside one at the freeze, the
+    # fence or DBOS's own check stopped it and said so; one waiting for a message when
+    # frozen (a write's outcome) has no step to stop at, so no line is required.
     assert stuck == []
     for name in ("w0", "w1", "w2"):
         assert "Traceback" not in logs[name].read_text(), context
