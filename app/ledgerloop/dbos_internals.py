@@ -285,6 +285,29 @@ INTERNALS: tuple[Internal, ...] = (
         tables=("workflow_status", "workflow_input"),
     ),
     Internal(
+        name="journal-check",
+        uses="SystemDatabase.check_operation_execution replaced on the process's DBOS instance "
+        "by one statement over dbos.workflow_status joined to dbos.operation_outputs; "
+        "SystemDatabase.engine, sharded, schema, tables and _key_column to tell where it "
+        "applies; DBOSUnexpectedStepError and DBOSWorkflowCancelledError raised as DBOS raises "
+        "them",
+        relies_on="DBOS asks check_operation_execution(workflow_id, function_id, function_name, "
+        "owner_key=) before every operation of a workflow, and acts only on what it returns or "
+        "raises: None when nothing is recorded at function_id, else the row's output, error, "
+        "serialization and child workflow id; DBOSUnexpectedStepError for another name there; "
+        "DBOSWorkflowCancelledError for a cancelled workflow",
+        why="DBOS's check is a transaction of two SQLAlchemy SELECTs before every step: four "
+        "round trips and, on a busy worker, the largest share of its CPU after the model SDK; "
+        "DBOS has no setting for a lighter one",
+        used_in=("app/ledgerloop/db/dbos_journal.py", "app/ledgerloop/db/dbos_journal.sql"),
+        tables=("workflow_status", "operation_outputs"),
+        private_names=(
+            "dbos._dbos._get_dbos_instance",
+            "dbos._error.DBOSUnexpectedStepError",
+            "dbos._error.DBOSWorkflowCancelledError",
+        ),
+    ),
+    Internal(
         name="fleet-owner-token",
         uses="dbos._context.get_local_dbos_context().owner_xid inside a step body, and "
         "dbos._error.DBOSWorkflowConflictIDError raised from one",

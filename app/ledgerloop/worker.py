@@ -18,6 +18,7 @@ from typing import Any
 
 from ledgerloop.agent.definition import Agent, agents, agents_from, load_agent_modules
 from ledgerloop.config import Settings
+from ledgerloop.db import dbos_journal
 from ledgerloop.db.connect import make_pool
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.errors import ConfigError
@@ -218,6 +219,7 @@ async def run_worker(
         dbos_internals.slow_background_jobs(settings.dispatch_fallback_s)
         DBOS.launch()
         launched = True
+        dbos_journal.install(runtime.pool)
         queue = await DBOS.register_queue_async(
             QUEUE_NAME, worker_concurrency=settings.worker_concurrency
         )

@@ -9,6 +9,7 @@ and requeue, the stop-time requeue) where that is what relies on the behaviour.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -205,6 +206,112 @@ def test_journal_read(cconn: Conn) -> None:
     assert read["last_checkpoint_ms"] == max(s["completed_at_epoch_ms"] or 0 for s in steps), (
         broken(name, f"last checkpoint {read['last_checkpoint_ms']}; DBOS lists {steps}")
     )
+
+
+async def _refuse() -> str:
+    raise ValueError("refused")
+
+
+@DBOS.workflow(name="ll_contract_journal_child")
+async def contract_journal_child() -> str:
+    return "child"
+
+
+@DBOS.workflow(name="ll_contract_journal")
+async def contract_journal() -> str:
+    """One operation of each kind the journal check answers for: a step's output, a step's
+    error, a child workflow, a recv and its timeout."""
+    await DBOS.run_step_async({"name": "mark"}, _mark)
+    with contextlib.suppress(ValueError):
+        await DBOS.run_step_async({"name": "refuse"}, _refuse)
+    child = await DBOS.start_workflow_async(contract_journal_child)
+    await child.get_result()
+    await DBOS.recv_async("t", 0.1)
+    return "journaled"
+
+
+def _both_checks(*args: Any) -> list[Any]:
+    """What DBOS's own check and Ledgerloop's (installed on the worker's instance) answer."""
+    from dbos._dbos import _get_dbos_instance
+    from dbos._error import DBOSWorkflowCancelledError
+
+    sys_db = _get_dbos_instance()._sys_db
+    answers = []
+    for check in (
+        type(sys_db).check_operation_execution.__get__(sys_db),
+        vars(sys_db)["check_operation_execution"],
+    ):
+        try:
+            answers.append(check(*args))
+        # DBOS's cancellation error is not an Exception (it must get past `except Exception`).
+        except (Exception, DBOSWorkflowCancelledError) as exc:  # compared by type and message
+            answers.append((type(exc).__name__, str(exc)))
+    return answers
+
+
+def test_journal_check(cconn: Conn) -> None:
+    from dbos._dbos import _get_dbos_instance
+
+    name = "journal-check"
+    sys_db = _get_dbos_instance()._sys_db
+    assert "check_operation_execution" in vars(sys_db), broken(
+        name, "the worker did not install the one-statement check (db/dbos_journal.applies)"
+    )
+    installed = vars(sys_db)["check_operation_execution"]
+    asked: list[tuple[str, int]] = []
+
+    def counted(workflow_id: str, function_id: int, *args: Any, **kwargs: Any) -> Any:
+        asked.append((workflow_id, function_id))
+        return installed(workflow_id, function_id, *args, **kwargs)
+
+    workflow_id = str(uuid.uuid4())
+    sys_db.check_operation_execution = counted
+    try:
+        cconn.execute(
+            "SELECT dbos.enqueue_workflow('ll_contract_journal', %(queue)s, ARRAY[]::json[], "
+            "workflow_id => %(id)s)",
+            {"queue": QUEUE_NAME, "id": workflow_id},
+        )
+        assert _result(workflow_id, name) == "journaled"
+    finally:
+        sys_db.check_operation_execution = installed
+    steps = DBOS.list_workflow_steps(workflow_id, load_output=False)
+    names = {s["function_id"]: s["function_name"] for s in steps}
+    assert {"mark", "refuse", "DBOS.sleep"} <= set(names.values()), names
+    # Each step, the child's start and the recv asked before running (the recv's timeout is
+    # recorded by the recv itself).
+    ours = sorted(f for w, f in asked if w == workflow_id)
+    assert len(ours) >= len(names) - 1, broken(
+        name, f"DBOS asked the check for operations {ours} of a journal of {sorted(names)}"
+    )
+    kinds = set()
+    for function_id in range(max(names) + 3):
+        recorded = names.get(function_id, "never-recorded")
+        dbos_answer, ours = _both_checks(workflow_id, function_id, recorded)
+        assert ours == dbos_answer, broken(
+            name, f"at operation {function_id} ({recorded}) DBOS says {dbos_answer}, ours {ours}"
+        )
+        if dbos_answer is None:
+            kinds.add("none")
+        else:
+            kinds.update(k for k in ("output", "error", "child_workflow_id") if dbos_answer[k])
+    assert kinds == {"none", "output", "error", "child_workflow_id"}, kinds
+    # Another step's name where one is recorded, a workflow that does not exist, and one that
+    # is cancelled: the same exceptions, the same messages.
+    first = min(names)
+    wrong_name = _both_checks(workflow_id, first, "another")
+    no_workflow = _both_checks(str(uuid.uuid4()), first, "mark")
+    waiting = _start(cconn)
+    DBOS.cancel_workflow(waiting)
+    cancelled = _both_checks(waiting, first, "mark")
+    for case, (dbos_answer, ours), raised in (
+        ("another step's name", wrong_name, "DBOSUnexpectedStepError"),
+        ("no such workflow", no_workflow, "AssertionError"),
+        ("a cancelled workflow", cancelled, "DBOSWorkflowCancelledError"),
+    ):
+        assert isinstance(dbos_answer, tuple), (case, dbos_answer)
+        assert dbos_answer[0] == raised, (case, dbos_answer)
+        assert ours == dbos_answer, broken(name, f"{case}: DBOS {dbos_answer}, ours {ours}")
 
 
 def test_cancelled_task_records_nothing(cconn: Conn, contract_worker: str) -> None:

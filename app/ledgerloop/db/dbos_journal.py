@@ -1,0 +1,115 @@
+"""DBOS's journal check before every operation, as one autocommit statement.
+
+Before each step, recv, sleep or send of a workflow, DBOS asks its system database whether the
+operation is already recorded (`SystemDatabase.check_operation_execution`): BEGIN, a SELECT of
+the workflow's status, a SELECT of the operation's row, COMMIT, each statement built and
+compiled through SQLAlchemy. On a worker executing hundreds of runs that is the largest single
+share of its CPU after the model SDK, and four round trips per operation. The same answer is
+one statement on a connection of Ledgerloop's pool (`journal_check`): one round trip, no
+compilation, and a single snapshot where DBOS's two reads take one each.
+
+`install` replaces the check on this process's DBOS instance, for an unsharded Postgres system
+database only; anything else, and any call that names a shard key, goes to DBOS's own check,
+as does a call whose connection fails (DBOS's check retries). The DBOS internal
+`journal-check` (ledgerloop.dbos_internals) lists what this relies on; its contract test
+compares both checks on the same journal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from dbos._dbos import _get_dbos_instance
+from dbos._error import DBOSUnexpectedStepError, DBOSWorkflowCancelledError
+from psycopg_pool import ConnectionPool
+
+from ledgerloop.db.sql import load_queries
+
+log = logging.getLogger(__name__)
+
+Q = load_queries("ledgerloop.db", "dbos_journal.sql")
+
+Check = Callable[..., Any]
+
+
+def applies(sys_db: Any) -> bool:
+    """Whether `journal_check` reads what DBOS's check reads on `sys_db`."""
+    try:
+        return (
+            callable(type(sys_db).check_operation_execution)
+            and sys_db.engine.dialect.name == "postgresql"
+            and not sys_db.sharded
+            and sys_db.schema == "dbos"
+            and sys_db._key_column(sys_db.tables.operation_outputs, "child_shard_key") is None
+        )
+    except AttributeError:  # another DBOS: its own check, whatever it does now
+        return False
+
+
+def journal_check(
+    pool: ConnectionPool[Any], fallback: Check
+) -> Callable[..., dict[str, Any] | None]:
+    """A drop-in for `SystemDatabase.check_operation_execution` reading through `pool`."""
+
+    def check(
+        workflow_id: str, function_id: int, function_name: str, *, owner_key: str | None = None
+    ) -> dict[str, Any] | None:
+        if owner_key is not None:
+            return fallback(workflow_id, function_id, function_name, owner_key=owner_key)  # type: ignore[no-any-return]
+        try:
+            with pool.connection() as conn:
+                conn.autocommit = True
+                try:
+                    row = conn.execute(
+                        Q["journal_check"],
+                        {"workflow_id": workflow_id, "function_id": function_id},
+                    ).fetchone()
+                finally:
+                    conn.autocommit = False
+        except psycopg.OperationalError:
+            return fallback(workflow_id, function_id, function_name)  # type: ignore[no-any-return]
+        return answer(row, workflow_id, function_id, function_name)
+
+    return check
+
+
+def answer(
+    row: dict[str, Any] | None, workflow_id: str, function_id: int, function_name: str
+) -> dict[str, Any] | None:
+    """What DBOS's check returns or raises for the row `journal_check` read."""
+    # DBOS asserts the workflow exists; the same message, the same exception.
+    assert row is not None, f"Error: Workflow {workflow_id} does not exist"
+    if row["status"] == "CANCELLED":
+        raise DBOSWorkflowCancelledError(f"Workflow {workflow_id} is cancelled. Aborting function.")
+    if not row["recorded"]:
+        return None
+    if row["function_name"] != function_name:
+        raise DBOSUnexpectedStepError(
+            workflow_id=workflow_id,
+            step_id=function_id,
+            expected_name=function_name,
+            recorded_name=row["function_name"],
+        )
+    return {
+        "output": row["output"],
+        "error": row["error"],
+        "serialization": row["serialization"],
+        "child_workflow_id": row["child_workflow_id"],
+        "child_shard_key": None,
+    }
+
+
+def install(pool: ConnectionPool[Any]) -> bool:
+    """Check this process's DBOS journal through `pool` (after DBOS.launch); False when DBOS's
+    own check stays (see `applies`)."""
+    sys_db = _get_dbos_instance()._sys_db
+    if not applies(sys_db):
+        log.info("DBOS's system database is not an unsharded Postgres: its own journal check")
+        return False
+    original = type(sys_db).check_operation_execution.__get__(sys_db)
+    # On the instance, so DBOS's class (and any other DBOS in the process) keeps its own.
+    setattr(sys_db, "check_operation_execution", journal_check(pool, original))  # noqa: B010
+    return True
