@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from ledgerloop.agent.definition import Agent, register_agent
 from ledgerloop.db.cluster import LocalCluster
+from ledgerloop.db.dbos_journal import dbos_own_check
 from ledgerloop.runs.start import start_run
 from ledgerloop.runtime import Runtime, get_runtime
 from ledgerloop.testing.postgres import DatabaseFactory
@@ -223,10 +224,13 @@ class Meter:
 
 
 async def _run_bare(n: int) -> None:
-    for _ in range(n):
-        handle = await DBOS.start_workflow_async(bench_bare_turns, f"bench {uuid.uuid4()}")
-        answer = await handle.get_result()
-        assert answer == "done", answer
+    # The worker's DBOS instance answers its journal check with Ledgerloop's statement;
+    # bare DBOS is measured with DBOS's own.
+    with dbos_own_check():
+        for _ in range(n):
+            handle = await DBOS.start_workflow_async(bench_bare_turns, f"bench {uuid.uuid4()}")
+            answer = await handle.get_result()
+            assert answer == "done", answer
 
 
 async def _run_ledgerloop(
