@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 Q = load_queries("ledgerloop.db", "dbos_journal.sql")
 
-Check = Callable[..., Any]
+#: `SystemDatabase.check_operation_execution`'s shape: a recorded result, or None.
+Check = Callable[..., dict[str, Any] | None]
 
 
 def applies(sys_db: Any) -> bool:
@@ -50,16 +51,14 @@ def applies(sys_db: Any) -> bool:
         return False
 
 
-def journal_check(
-    pool: ConnectionPool[Any], fallback: Check
-) -> Callable[..., dict[str, Any] | None]:
+def journal_check(pool: ConnectionPool[Any], fallback: Check) -> Check:
     """A drop-in for `SystemDatabase.check_operation_execution` reading through `pool`."""
 
     def check(
         workflow_id: str, function_id: int, function_name: str, *, owner_key: str | None = None
     ) -> dict[str, Any] | None:
         if owner_key is not None:
-            return fallback(workflow_id, function_id, function_name, owner_key=owner_key)  # type: ignore[no-any-return]
+            return fallback(workflow_id, function_id, function_name, owner_key=owner_key)
         try:
             with pool.connection() as conn:
                 conn.autocommit = True
@@ -71,7 +70,7 @@ def journal_check(
                 finally:
                     conn.autocommit = False
         except psycopg.OperationalError:
-            return fallback(workflow_id, function_id, function_name)  # type: ignore[no-any-return]
+            return fallback(workflow_id, function_id, function_name)
         return answer(row, workflow_id, function_id, function_name)
 
     return check
