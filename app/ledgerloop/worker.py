@@ -266,7 +266,7 @@ async def run_worker(
                 log.info("stopped; %d runs in flight went back on the queue", handed)
             except Exception as exc:
                 log.warning("could not hand runs back (%s); peers will take them over", exc)
-        await runtime.model.client.close()
+        await runtime.model.close()
         runtime.pool.close()
         install(None)
     if failures:

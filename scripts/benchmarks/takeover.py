@@ -182,6 +182,7 @@ def main() -> None:
                 p95,
                 "target <= 3 s",
             ),
+            ("of which kill -> its first run claimed (s)", to_claim[0], "detection"),
             ("of which kill -> claimed by a survivor, p50 (s)", statistics.median(to_claim), ""),
             ("of which kill -> claimed by a survivor, p95 (s)", pct95(to_claim), ""),
             ("of which claimed -> first step, p95 (s)", pct95(claim_to_step), ""),

@@ -117,7 +117,7 @@ async def replay_runtime(settings: Settings, url: str) -> AsyncIterator[Runtime]
         yield runtime
     finally:
         install(None)
-        await model.client.close()
+        await model.close()
         pool.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
@@ -85,13 +86,34 @@ class Tier(StrEnum):
     STRONG = "strong"
 
 
+#: HTTP connection pools a worker spreads its model calls over. httpx's pool checks every
+#: idle connection it holds (a socket poll each) before and after every request, so one pool
+#: serving a few hundred concurrent runs spends more of the event loop on that scan than on
+#: the calls themselves (a profile of a worker taking over 100 runs beside its own 100: over
+#: a third of its loop). Each call goes to the pool with the fewest calls under way, so a
+#: lone run keeps one warm connection and a busy worker's pools each hold a sixteenth.
+HTTP_POOLS = 16
+
+
 @dataclass(frozen=True)
 class ModelClient:
-    client: anthropic.AsyncAnthropic
+    #: Makes one SDK client (with its own connection pool); called when a pool is first used.
+    new_client: Callable[[], anthropic.AsyncAnthropic]
     tiers: dict[Tier, str]
     server_address: str
     server_port: int
     retry: RefusalRetry = field(default_factory=RefusalRetry)
+    pools: int = HTTP_POOLS
+    #: The SDK clients made so far, and the calls under way on each (both touched only by
+    #: the event loop the calls run on).
+    _clients: list[anthropic.AsyncAnthropic] = field(init=False, repr=False, compare=False)
+    _in_flight: list[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.pools < 1:
+            raise ValueError("a model client needs at least one connection pool")
+        object.__setattr__(self, "_clients", [])
+        object.__setattr__(self, "_in_flight", [0] * self.pools)
 
     def model_for(self, tier: Tier | str) -> str:
         try:
@@ -100,6 +122,19 @@ class ModelClient:
             raise ConfigError(
                 f"unknown model tier {tier!r}", fix=f"use one of {[t.value for t in Tier]}"
             ) from None
+
+    def in_flight(self) -> list[int]:
+        """Calls under way on each connection pool (tests read it)."""
+        return list(self._in_flight)
+
+    def pools_open(self) -> int:
+        """Connection pools made so far (each an SDK client)."""
+        return len(self._clients)
+
+    async def close(self) -> None:
+        clients, self._clients[:] = list(self._clients), []
+        for client in clients:
+            await client.close()
 
     async def create(self, **request: Any) -> dict[str, Any]:
         """One messages.create; the whole response (tool_use blocks included) as JSON data.
@@ -112,7 +147,7 @@ class ModelClient:
         while True:
             attempt += 1
             try:
-                message = await self.client.messages.create(**request)
+                message = await self._send(request)
             except Exception as exc:
                 wait = refusal_wait(exc, attempt, self.retry)
                 if wait is None or attempt >= self.retry.max_attempts:
@@ -129,6 +164,19 @@ class ModelClient:
             data: dict[str, Any] = message.model_dump(mode="json")
             return data
 
+    async def _send(self, request: dict[str, Any]) -> anthropic.types.Message:
+        # The least busy pool; the first on a tie, so calls one at a time share a connection.
+        loads = self._in_flight
+        index = loads.index(min(loads))
+        while len(self._clients) <= index:
+            self._clients.append(self.new_client())
+        loads[index] += 1
+        try:
+            message: anthropic.types.Message = await self._clients[index].messages.create(**request)
+            return message
+        finally:
+            loads[index] -= 1
+
 
 def make_model_client(settings: Settings) -> ModelClient:
     """Build the client; with neither an API key nor a base URL, fail clearly at start-up."""
@@ -139,20 +187,23 @@ def make_model_client(settings: Settings) -> ModelClient:
             "(`ledgerloop scripted-model --script FILE --port N`)",
         )
     base_url = settings.anthropic_base_url or "https://api.anthropic.com"
-    client = anthropic.AsyncAnthropic(
-        # The scripted server ignores the key; the SDK insists on having one.
-        api_key=settings.anthropic_api_key or "scripted-model",
-        base_url=base_url,
-        max_retries=0,
-        timeout=settings.model_timeout_s,
-        # Our `chat {model}` span is the one span per model call (with the GenAI attributes,
-        # and never content unless opted in); the SDK's own span would duplicate it.
-        # Trace-context propagation to the API stays on.
-        open_telemetry=False,
-    )
+
+    def new_client() -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(
+            # The scripted server ignores the key; the SDK insists on having one.
+            api_key=settings.anthropic_api_key or "scripted-model",
+            base_url=base_url,
+            max_retries=0,
+            timeout=settings.model_timeout_s,
+            # Our `chat {model}` span is the one span per model call (with the GenAI
+            # attributes, and never content unless opted in); the SDK's own span would
+            # duplicate it. Trace-context propagation to the API stays on.
+            open_telemetry=False,
+        )
+
     parts = urlsplit(base_url)
     return ModelClient(
-        client=client,
+        new_client=new_client,
         tiers={Tier.CHEAP: settings.model_cheap, Tier.STRONG: settings.model_strong},
         server_address=parts.hostname or "",
         server_port=parts.port or (443 if parts.scheme == "https" else 80),
