@@ -163,10 +163,11 @@ class Settings(BaseSettings):
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
-    #: How often a worker writes its heartbeat, and after how long without one (by the
-    #: database's clock) peers take its runs over. A worker killed outright is taken over
-    #: sooner: once its database session is gone and its lease (the larger of 2.5 heartbeats
-    #: and a quarter of stale_after_s) has run out. See docs/operations.md.
+    #: How often a worker writes its heartbeat (twice as often while it executes runs), and
+    #: after how long without one (by the database's clock) peers take its runs over. A
+    #: worker killed outright is taken over sooner: once its database session is gone and the
+    #: lease its row records has run out (idle: the larger of 2.5 heartbeats and a quarter of
+    #: stale_after_s; executing runs: 1.5 heartbeats). See docs/operations.md.
     heartbeat_s: float = Field(default=0.5, ge=0.05, le=60)
     stale_after_s: float = Field(default=5.0, ge=0.2, le=3600)
     #: Runs a worker claims at a time when woken; small batches spread a burst over workers.

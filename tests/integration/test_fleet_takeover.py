@@ -6,6 +6,7 @@ Time is moved in the database (heartbeats written into the past), never slept th
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +16,13 @@ import pytest
 
 from ledgerloop.db.connect import Conn, connect
 from ledgerloop.fleet.fence import Fence
-from ledgerloop.fleet.heartbeat import LOCK_NAMESPACE, FleetTimings, Heartbeat, Takeover
+from ledgerloop.fleet.heartbeat import (
+    LOCK_NAMESPACE,
+    SESSION_MARGIN_S,
+    FleetTimings,
+    Heartbeat,
+    Takeover,
+)
 from ledgerloop.testing.postgres import wait_until
 
 TIMINGS = FleetTimings(heartbeat_s=0.5, stale_after_s=5.0)
@@ -267,6 +274,81 @@ def test_the_lease_runs_out_before_any_peer_may_take_a_worker_over() -> None:
     for heartbeat_s, stale in [(0.5, 5.0), (1.0, 4.0), (0.1, 0.4), (2.0, 60.0)]:
         timings = FleetTimings(heartbeat_s, stale)
         assert heartbeat_s < timings.lease_s < timings.session_dead_s <= stale
+        # Busy: two heartbeats may be late before the fence closes.
+        assert 2 * timings.busy_heartbeat_s < timings.busy_lease_s < timings.lease_s
+
+
+def lease_left(conn: Conn, executor_id: str) -> float:
+    """Seconds until the lease recorded in `executor_id`'s row runs out (database clock)."""
+    row = conn.execute(
+        "SELECT extract(epoch FROM lease_until - now())::float8 AS s"
+        " FROM ledgerloop.executor WHERE id = %s",
+        (executor_id,),
+    ).fetchone()
+    assert row is not None
+    return float(row["s"])
+
+
+def test_a_busy_worker_heartbeats_more_often_and_records_a_shorter_lease(
+    db_url: str, conn: Conn
+) -> None:
+    clock = [100.0]
+    fence = Fence(TIMINGS.lease_s, clock=lambda: clock[0])
+    me = Heartbeat(db_url, "me", "v1", TIMINGS, fence, clock=lambda: clock[0])
+    me.register()
+    assert me.interval_s() == TIMINGS.heartbeat_s
+    assert lease_left(conn, "me") == pytest.approx(TIMINGS.lease_s, abs=0.3)
+    loop = asyncio.new_event_loop()
+    execution = loop.create_task(asyncio.sleep(0))
+    fence.executions.add(execution)
+    try:
+        assert me.busy()
+        assert me.interval_s() == TIMINGS.busy_heartbeat_s
+        # The idle lease just granted is not taken back: the row keeps its later end.
+        me.tick()
+        assert lease_left(conn, "me") == pytest.approx(TIMINGS.lease_s, abs=0.3)
+        assert fence.remaining_s() == pytest.approx(TIMINGS.lease_s)
+        # Once it has run out (on both clocks), a busy heartbeat grants the shorter lease,
+        # and the row records it.
+        clock[0] += TIMINGS.lease_s
+        conn.execute("UPDATE ledgerloop.executor SET lease_until = now() WHERE id = 'me'")
+        me.tick()
+        assert fence.remaining_s() == pytest.approx(TIMINGS.busy_lease_s)
+        assert lease_left(conn, "me") == pytest.approx(TIMINGS.busy_lease_s, abs=0.3)
+    finally:
+        fence.executions.discard(execution)
+        loop.run_until_complete(execution)
+        loop.close()
+        me.stop()
+
+
+def test_a_killed_busy_worker_is_taken_over_once_its_recorded_lease_is_out(
+    conn: Conn, me: Heartbeat
+) -> None:
+    # Both heard from 0.9 s ago, less than an idle lease: only the rows' leases tell them
+    # apart. Neither session is alive.
+    peer(conn, "busy", runs=2, lock_key=16)
+    peer(conn, "closer", runs=1, lock_key=17)
+    age(conn, "me", heartbeat_s=0)
+    for executor_id in ("busy", "closer"):
+        age(conn, executor_id, heartbeat_s=0.9)
+    conn.execute(
+        "UPDATE ledgerloop.executor SET lease_until = now() - make_interval(secs => %s)"
+        " WHERE id = 'busy'",
+        (SESSION_MARGIN_S + 0.05,),
+    )
+    # Its lease ran out, but not yet by the margin.
+    conn.execute(
+        "UPDATE ledgerloop.executor SET lease_until = now() - make_interval(secs => %s)"
+        " WHERE id = 'closer'",
+        (SESSION_MARGIN_S - 0.3,),
+    )
+    assert [t.executor_id for t in me.tick()] == ["busy"]
+    assert statuses(conn, "busy") == {"ENQUEUED": 2}
+    assert statuses(conn, "closer") == {"PENDING": 1}
+    # It is due as soon as the margin has passed, and the worker ticks again then.
+    assert me._due_s is not None
+    assert me._due_s < 0.5
 
 
 def test_unregister_hands_the_runs_back_and_removes_the_row(db_url: str, conn: Conn) -> None:

@@ -1,9 +1,10 @@
 """The fence: a worker starts a step body only while it knows it is not presumed dead.
 
 Peers take a worker's runs over once its heartbeat is older than `stale_after_s` by the
-database's clock (sooner, but never before `lease_s`, when its heartbeat session is gone).
-Each successful heartbeat gives this worker a lease of `lease_s` counted from the moment the
-heartbeat was *sent* (by this process's monotonic clock, which keeps counting while the
+database's clock (sooner, but never before its lease has run out, when its heartbeat session
+is gone). Each successful heartbeat gives this worker a lease (the one the heartbeat wrote
+into its row: shorter while it executes runs) counted from the moment the heartbeat was
+*sent* (by this process's monotonic clock, which keeps counting while the
 process is frozen). The lease is shorter than any takeover condition, so a worker that has
 been frozen, cut off or starved is past its lease before a peer may take its runs, and it
 stops before a step body, not after.
@@ -49,10 +50,12 @@ class Fence:
 
     # -- written by the heartbeat thread --------------------------------------------------
 
-    def renew(self, sent_at: float) -> None:
-        """A heartbeat sent at `sent_at` (this clock) landed; this worker's row is live."""
+    def renew(self, sent_at: float, lease_s: float | None = None) -> None:
+        """A heartbeat sent at `sent_at` (this clock) landed and granted `lease_s` (the lease
+        its row now records; `self.lease_s` by default); this worker's row is live."""
+        lease = self.lease_s if lease_s is None else lease_s
         with self._cond:
-            self._lease_until = max(self._lease_until, sent_at + self.lease_s)
+            self._lease_until = max(self._lease_until, sent_at + lease)
             self._cond.notify_all()
 
     def revoke(self) -> None:

@@ -60,12 +60,18 @@ def software_version() -> str:
 class FleetTimings:
     """How often a worker heartbeats and when a silent one counts as dead.
 
-    lease_s: how long after sending a heartbeat this worker may start step bodies.
-    session_dead_s: a worker whose heartbeat session is gone counts as dead after this much
-    silence; it is the lease plus a margin, so the lease has run out first. The lease counts
-    from before the heartbeat's statement was sent, its row holds the database's time when
-    it ran, so the margin only has to cover how far two clocks' rates can differ over a
-    lease (parts per million) and the step from the fence's check to the body's start.
+    lease_s: how long after sending a heartbeat an idle worker may start step bodies.
+    busy_heartbeat_s, busy_lease_s: the same while the worker executes runs. It heartbeats
+    twice as often and takes a shorter lease, so that when it dies its runs wait less for a
+    peer; an idle worker has nothing to hand over and keeps the database's load low.
+    Each heartbeat writes the lease it grants into the worker's row (`lease_until`, never
+    moved earlier), and peers judge by that row, whatever timings they run with.
+    session_dead_s: a worker whose heartbeat session is gone counts as dead this long after
+    an idle worker's heartbeat (its row's lease plus the margin, for a row written before
+    rows carried their lease). The lease counts from before the heartbeat's statement was
+    sent, its row holds the database's time when it ran, so the margin only has to cover how
+    far two clocks' rates can differ over a lease (parts per million) and the step from the
+    fence's check to the body's start.
     gap_s: a heartbeat later than this after the previous one starts a new streak.
     """
 
@@ -75,6 +81,15 @@ class FleetTimings:
     @property
     def lease_s(self) -> float:
         return max(self.heartbeat_s * 2.5, self.stale_after_s / 4)
+
+    @property
+    def busy_heartbeat_s(self) -> float:
+        return self.heartbeat_s / 2
+
+    @property
+    def busy_lease_s(self) -> float:
+        # Two busy heartbeats may be late before steps pause (never a wrong takeover).
+        return self.busy_heartbeat_s * 3
 
     @property
     def session_dead_s(self) -> float:
@@ -87,7 +102,8 @@ class FleetTimings:
     def params(self) -> dict[str, Any]:
         return {
             "stale_s": self.stale_after_s,
-            "lease_s": self.session_dead_s,
+            "lease_s": self.lease_s,
+            "margin_s": SESSION_MARGIN_S,
             "gap_s": self.gap_s,
             "lock_ns": LOCK_NAMESPACE,
         }
@@ -191,9 +207,10 @@ class Heartbeat:
                 "pid": os.getpid(),
                 "lock_key": self._lock_key,
                 "software_version": software_version(),
+                "my_lease_s": self.timings.lease_s,
             },
         )
-        self.fence.renew(sent)
+        self.fence.renew(sent, self.timings.lease_s)
 
     def unregister(self) -> int:
         """A clean stop: hand this worker's runs back to the queue, remove its row."""
@@ -226,17 +243,24 @@ class Heartbeat:
             self.tick()
             # Counted from the tick's answer, so never before the database's moment.
             due_at = None if self._due_s is None else self._clock() + self._due_s
-            if due_at is not None and due_at < next_at + self.timings.heartbeat_s:
+            if due_at is not None and due_at < next_at + self.interval_s():
                 # A peer's session is gone: tick again just after its lease runs out (the
                 # earliest moment it may be taken over), not at the next regular heartbeat.
                 # The regular schedule is kept.
                 self._stop.wait(max(0.0, due_at - self._clock()))
                 continue
-            next_at += self.timings.heartbeat_s
+            next_at += self.interval_s()
             now = self._clock()
             if next_at < now:  # frozen or starved: no burst of catch-up ticks
                 next_at = now
             self._stop.wait(next_at - now)
+
+    def busy(self) -> bool:
+        """Whether this worker executes runs (read from the heartbeat thread: a length)."""
+        return bool(self.fence.executions)
+
+    def interval_s(self) -> float:
+        return self.timings.busy_heartbeat_s if self.busy() else self.timings.heartbeat_s
 
     def tick(self) -> list[Takeover]:
         """One heartbeat (and takeover of dead peers). Never raises; returns the takeovers."""
@@ -261,12 +285,14 @@ class Heartbeat:
         conn = self._connection()
         self._take_lock(conn)
         self._ticks += 1
+        lease_s = self.timings.busy_lease_s if self.busy() else self.timings.lease_s
         sent = self._clock()
         rows = conn.execute(
             Q["executor_heartbeat"],
             {
                 "id": self.executor_id,
                 "session_since": self._session_since,
+                "my_lease_s": lease_s,
                 **self.timings.params(),
             },
         ).fetchall()
@@ -276,7 +302,7 @@ class Heartbeat:
         # (a peer being taken over by another survivor right now stays due for a moment).
         self._due_s = None if due is None else max(float(due), 0.0) + DUE_MARGIN_S
         if mine["alive"]:
-            self.fence.renew(sent)
+            self.fence.renew(sent, lease_s)
         else:
             self._taken_over(conn)
         takeovers = [

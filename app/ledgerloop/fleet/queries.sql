@@ -7,10 +7,12 @@
 -- saw no row for them (see executor_heartbeat) skips them when it re-reads them.
 WITH registered AS (
   INSERT INTO ledgerloop.executor
-    (id, application_version, hostname, pid, lock_key, software_version)
-  VALUES (%(id)s, %(app_version)s, %(hostname)s, %(pid)s, %(lock_key)s, %(software_version)s)
+    (id, application_version, hostname, pid, lock_key, software_version, lease_until)
+  VALUES (%(id)s, %(app_version)s, %(hostname)s, %(pid)s, %(lock_key)s, %(software_version)s,
+          now() + make_interval(secs => %(my_lease_s)s))
   ON CONFLICT (id) DO UPDATE
-    SET heartbeat_at = now(), streak_started_at = now(), lock_key = EXCLUDED.lock_key
+    SET heartbeat_at = now(), streak_started_at = now(), lock_key = EXCLUDED.lock_key,
+        lease_until = greatest(executor.lease_until, EXCLUDED.lease_until)
   RETURNING id
 )
 UPDATE dbos.workflow_status
@@ -28,7 +30,12 @@ WHERE executor_id = (SELECT id FROM registered) AND status = 'PENDING'
 -- outage, a freeze or a restart a worker first watches its peers come back before it
 -- judges them.
 --
--- Dead: no heartbeat for %(stale_s)s; or no heartbeat for %(lease_s)s and its heartbeat
+-- Each heartbeat records the lease it grants its worker (%(my_lease_s)s from now: shorter
+-- while the worker executes runs) in lease_until, which never moves earlier: the worker's
+-- fence may still hold an earlier, longer lease.
+--
+-- Dead: no heartbeat for %(stale_s)s; or its lease run out %(margin_s)s ago (a row without
+-- lease_until, written by an older release: %(lease_s)s after its heartbeat) and its heartbeat
 -- session gone (its advisory lock is free: the process was killed or lost its connection).
 -- A free lock counts only for a peer whose last heartbeat came after this worker's own
 -- heartbeat session began (%(session_since)s, the database's time): that session outlived
@@ -50,6 +57,7 @@ WHERE executor_id = (SELECT id FROM registered) AND status = 'PENDING'
 WITH me AS (
   UPDATE ledgerloop.executor
   SET heartbeat_at = now(),
+      lease_until = greatest(lease_until, now() + make_interval(secs => %(my_lease_s)s)),
       streak_started_at = CASE
         WHEN heartbeat_at < now() - make_interval(secs => %(gap_s)s) THEN now()
         ELSE streak_started_at END
@@ -64,7 +72,8 @@ dead AS (
       AND (SELECT judge FROM me)
       AND (
         e.heartbeat_at < now() - make_interval(secs => %(stale_s)s)
-        OR (e.heartbeat_at < now() - make_interval(secs => %(lease_s)s)
+        OR (coalesce(e.lease_until, e.heartbeat_at + make_interval(secs => %(lease_s)s))
+              < now() - make_interval(secs => %(margin_s)s)
             AND e.heartbeat_at > %(session_since)s
             AND pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key))
       )
@@ -96,13 +105,14 @@ moved AS (
 -- heartbeat, so a killed worker is taken over as soon as its lease allows. (Its row stays
 -- untouched here; the next tick judges it like any other.)
 due AS (
-  SELECT min(extract(epoch FROM
-             e.heartbeat_at + make_interval(secs => %(lease_s)s) - now()))::float8 AS due_s
-  FROM ledgerloop.executor e
+  SELECT min(extract(epoch FROM l.deadline - now()))::float8 AS due_s
+  FROM ledgerloop.executor e,
+       LATERAL (SELECT coalesce(e.lease_until, e.heartbeat_at + make_interval(secs => %(lease_s)s))
+                       + make_interval(secs => %(margin_s)s) AS deadline) l
   WHERE e.id <> %(id)s
     AND (SELECT judge FROM me)
     AND e.id NOT IN (SELECT id FROM dead)
-    AND e.heartbeat_at >= now() - make_interval(secs => %(lease_s)s)
+    AND l.deadline >= now()
     AND e.heartbeat_at > %(session_since)s
     AND pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key)
 )
