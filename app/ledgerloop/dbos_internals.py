@@ -268,6 +268,22 @@ INTERNALS: tuple[Internal, ...] = (
         ),
     ),
     Internal(
+        name="fleet-start",
+        uses="BackgroundEventLoop.submit_coroutine replaced on the process's DBOS instance "
+        "(dbos._background_event_loop) by a wrapper that, on a thread inside "
+        "fleet.dbos_internals.start_claimed only, hands the coroutine to "
+        "BackgroundEventLoop.target_loop() with asyncio.run_coroutine_threadsafe and returns "
+        "without waiting; every other call goes to DBOS's own",
+        relies_on="execute_dequeued_workflow hands an async workflow to the event loop through "
+        "that method, as a coroutine that only creates the workflow's task, and ignores what "
+        "the method returns",
+        why="DBOS's start of one claimed workflow blocks until the event loop has created its "
+        "task: on a worker already executing hundreds of runs (a takeover) that is a loop "
+        "iteration per batch, and the survivors' claims of a dead worker's runs took about a "
+        "second instead of a tenth of one",
+        used_in=("app/ledgerloop/fleet/dbos_internals.py",),
+    ),
+    Internal(
         name="fleet-claim",
         uses="one statement over dbos.workflow_status (SELECT ... FOR UPDATE SKIP LOCKED, then "
         "UPDATE of status, owner_xid, application_version, executor_id, application_name, "

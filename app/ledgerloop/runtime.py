@@ -8,6 +8,7 @@ DBOS and clears it on shutdown.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from psycopg_pool import ConnectionPool
 
@@ -18,6 +19,12 @@ from ledgerloop.errors import LedgerloopError
 from ledgerloop.fleet.fence import Fence
 from ledgerloop.models.client import ModelClient
 from ledgerloop.tools.policy import PolicyFile
+
+
+class ClaimCounts(Protocol):
+    #: Runs claimed, and the most one claim took.
+    claimed: int
+    largest_claim: int
 
 
 @dataclass
@@ -32,6 +39,8 @@ class Runtime:
     #: The relay running in this worker, which act steps hand their effects to (None: the
     #: effects wait for a relay elsewhere; see docs/effects.md).
     deliverer: Deliverer | None = None
+    #: The worker's dispatcher (fleet.dispatch), once it runs: tests read what it claimed.
+    dispatcher: ClaimCounts | None = None
 
 
 _runtime: Runtime | None = None

@@ -233,6 +233,7 @@ async def run_worker(
             fallback_s=settings.dispatch_fallback_s,
         )
         dispatcher.start()
+        runtime.dispatcher = dispatcher
         tasks.append(asyncio.create_task(sandbox_reaper(runtime, stop)))
         for service in options.services:
             tasks.append(asyncio.create_task(service(runtime, stop)))

@@ -95,6 +95,17 @@ def claimed_at(url: str, run_ids: list[str]) -> dict[str, float]:
     return {str(w): int(ms) / 1000 for w, ms in rows if ms is not None}
 
 
+def taken_by(url: str, run_ids: list[str]) -> list[int]:
+    """How many of `run_ids` each worker finished, most first."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT count(*) FROM dbos.workflow_status WHERE workflow_uuid = ANY(%s) "
+            "GROUP BY executor_id ORDER BY 1 DESC",
+            (run_ids,),
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
 def first_text(request: dict[str, Any]) -> str:
     for message in (request.get("request") or {}).get("messages", []):
         if message.get("role") == "user":
@@ -161,6 +172,7 @@ def main() -> None:
                 resumed.append(min(after) - killed)
         repeats = repeated_recorded_steps(url, requests, inputs)
         claims = claimed_at(url, lost)
+        split = taken_by(url, lost)
     # Where the time goes: kill -> a survivor claims the run, then claim -> its first step.
     to_claim = sorted(claims[r] - killed for r in lost if r in claims)
     claim_to_step = []
@@ -187,6 +199,7 @@ def main() -> None:
             ("of which kill -> claimed by a survivor, p95 (s)", pct95(to_claim), ""),
             ("of which claimed -> first step, p95 (s)", pct95(claim_to_step), ""),
             ("kill -> all its runs finished (s)", finished, ""),
+            ("its runs taken by the busiest survivor", float(split[0]), f"split {split}"),
             ("its runs resumed", float(len(resumed)), f"of {len(lost)}"),
             ("model calls for steps already recorded", float(repeats), "target 0"),
             ("live workers taken over", float(survivors_taken), "target 0"),

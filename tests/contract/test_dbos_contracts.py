@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 import uuid
 from typing import Any
@@ -698,6 +699,57 @@ def test_fleet_dispatch_latest_version(
     _waiting(workflow_id)
     _send(cconn, workflow_id, "dispatched")
     assert _result(workflow_id, name) == "dispatched"
+
+
+def test_fleet_start(cconn: Conn, contract_worker: str) -> None:
+    """Claimed runs are handed to the event loop without waiting for it (the loop is held
+    busy here), count as starting until their tasks exist, then run; another thread's
+    hand-over still waits for its coroutine's result."""
+    from dbos._dbos import _get_dbos_instance
+
+    from ledgerloop.fleet import dbos_internals
+
+    name = "fleet-start"
+    dbos = _get_dbos_instance()
+    queue = DBOS.register_queue("ll_contract_start", worker_concurrency=100)
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    for workflow_id in ids:
+        cconn.execute(
+            "SELECT dbos.enqueue_workflow(%s, %s, ARRAY[to_json('t'::text)], workflow_id => %s)",
+            (WAITER, queue.name, workflow_id),
+        )
+    batch = dbos_internals.claim_batch(queue, 3, cconn)
+    assert batch.ids == ids
+    loop = dbos._background_event_loop.target_loop()
+    assert loop is not None
+    busy = threading.Event()
+    loop.call_soon_threadsafe(lambda: (busy.set(), time.sleep(1.0)))
+    busy.wait(5)
+    began = time.monotonic()
+    dbos_internals.start_claimed(batch)
+    returned_s = time.monotonic() - began
+    assert returned_s < 0.5, broken(
+        name, f"starting a batch waited {returned_s:.2f} s for the loop"
+    )
+    assert dbos_internals.starting() == 3, broken(
+        name, f"{dbos_internals.starting()} runs counted as starting, not 3"
+    )
+    assert dbos_internals.claim_batch(queue, 3, cconn).ids == []
+    wait_until(lambda: dbos_internals.starting() == 0, timeout=10)
+    assert dbos_internals.running_on_queue(queue.name) == 3, broken(
+        name, "the started runs are not counted as running on the queue"
+    )
+    for workflow_id in ids:
+        _waiting(workflow_id)
+        _send(cconn, workflow_id, "started")
+        assert _result(workflow_id, name) == "started"
+
+    async def answer() -> str:
+        return "waited"
+
+    assert dbos._background_event_loop.submit_coroutine(answer()) == "waited", broken(
+        name, "a hand-over outside start_claimed no longer waits for its result"
+    )
 
 
 def test_fleet_claim(cconn: Conn, contract_worker: str) -> None:

@@ -11,6 +11,9 @@
   fleet/queries.sql): DBOS builds two SQLAlchemy statements per claim and its caller reads
   the rows back, about 6 ms of a 2-core machine's CPU between a run's commit and its first
   step; the statement returns the rows as DBOS reads them.
+- A claimed batch is handed to the event loop without waiting for each workflow's task to
+  exist (`start_claimed`): DBOS's start blocks on the loop once per workflow, which on a
+  worker already busy (a takeover's survivors) held the next claim back by a loop iteration.
 - The fence reads an execution's ownership token, which DBOS keeps in its context and checks
   only when it writes a checkpoint, after the step body already ran.
 - The internal queue (DBOS's `resume_workflow` target) is polled every second by default,
@@ -32,11 +35,12 @@ stops working.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import inspect
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +106,7 @@ def claim_batch(queue: Any, limit: int, conn: psycopg.Connection[Any] | None = N
     (`claims_in_one_statement`), the claim is that statement.
     """
     dbos = _get_dbos_instance()
-    running = running_on_queue(queue.name)
+    running = running_on_queue(queue.name) + starting()
     concurrency = queue._worker_concurrency
     if concurrency is not None:
         limit = min(limit, concurrency - running)
@@ -233,45 +237,82 @@ def _takes_latest_version(sys_db: Any) -> bool:
 _TAKES: dict[type, bool] = {}
 
 
-#: Threads that hand claimed workflows to the event loop together (see start_claimed).
-_starters: ThreadPoolExecutor | None = None
-_starters_lock = threading.Lock()
-STARTER_THREADS = 8
+class _Deferral(threading.local):
+    #: Set while this thread starts claimed workflows: DBOS's hand-overs to the event loop
+    #: collected here instead of waited for.
+    futures: list[concurrent.futures.Future[Any]] | None = None
 
 
-def _starter_pool() -> ThreadPoolExecutor:
-    global _starters
-    with _starters_lock:
-        if _starters is None:
-            _starters = ThreadPoolExecutor(STARTER_THREADS, thread_name_prefix="ledgerloop-start")
-        return _starters
+_deferral = _Deferral()
+_deferral_lock = threading.Lock()
+#: Workflows handed to the event loop whose task it has not yet created (see start_claimed).
+_starting = 0
+
+
+def starting() -> int:
+    return _starting
+
+
+def _defer_hand_overs(dbos: Any) -> None:
+    """Let a thread that starts claimed workflows hand them to the event loop without
+    waiting for each (DBOS's start of one workflow blocks until the loop has created its
+    task). Other threads' hand-overs are unchanged."""
+    loop_holder = dbos._background_event_loop
+    with _deferral_lock:
+        if getattr(loop_holder, "_ledgerloop_deferral", False):
+            return
+        original = loop_holder.submit_coroutine
+
+        def submit_coroutine(coro: Any) -> Any:
+            futures = _deferral.futures
+            if futures is None:
+                return original(coro)
+            loop = loop_holder.target_loop()
+            if loop is None:
+                coro.close()
+                raise RuntimeError("Event loop not started")
+            futures.append(asyncio.run_coroutine_threadsafe(coro, loop))
+            return None
+
+        loop_holder.submit_coroutine = submit_coroutine
+        loop_holder._ledgerloop_deferral = True
 
 
 def start_claimed(claimed: Claimed) -> None:
-    """Start executing workflows this process just claimed.
-
-    DBOS's start of one workflow blocks until the event loop has created its task: one
-    wait for a loop iteration per workflow, which on a busy worker (a takeover lands on
-    workers already executing hundreds of runs) is tens of milliseconds each. Started from
-    several threads at once, a batch waits about one iteration.
-    """
+    """Start executing workflows this process just claimed, without waiting for the event
+    loop to take them: on a busy worker (a takeover lands on workers already executing
+    hundreds of runs) each wait is a loop iteration, tens to hundreds of milliseconds, and
+    the next batch would wait behind it. Until the loop has created their tasks, they count
+    in `starting()`, which bounds the next claim as DBOS's own count would."""
+    global _starting
     if not claimed.statuses:
         return
     dbos = _get_dbos_instance()
+    _defer_hand_overs(dbos)
+    futures: list[concurrent.futures.Future[Any]] = []
+    _deferral.futures = futures
+    try:
+        for status in claimed.statuses:
+            try:
+                execute_dequeued_workflow(dbos, status, claimed.owner)  # type: ignore[arg-type]
+            except Exception:
+                # DBOS marks what it cannot start (bad input, unknown workflow) itself and
+                # raises; one bad run must not stop the others of the batch.
+                dbos.logger.exception(f"could not start workflow {status['workflow_uuid']}")
+    finally:
+        _deferral.futures = None
+    with _deferral_lock:
+        _starting += len(futures)
 
-    def start(status: dict[str, Any]) -> None:
-        try:
-            execute_dequeued_workflow(dbos, status, claimed.owner)  # type: ignore[arg-type]
-        except Exception:
-            # DBOS marks what it cannot start (bad input, unknown workflow) itself and
-            # raises; one bad run must not stop the others of the batch.
-            dbos.logger.exception(f"could not start workflow {status['workflow_uuid']}")
+    def started(future: concurrent.futures.Future[Any]) -> None:
+        global _starting
+        with _deferral_lock:
+            _starting -= 1
+        if not future.cancelled() and future.exception() is not None:
+            dbos.logger.error("could not start a claimed workflow", exc_info=future.exception())
 
-    if len(claimed.statuses) == 1:
-        start(claimed.statuses[0])  # an idle worker's single run: no thread hop
-        return
-    for done in [_starter_pool().submit(start, s) for s in claimed.statuses]:
-        done.result()
+    for future in futures:
+        future.add_done_callback(started)
 
 
 def slow_internal_queue(polling_interval_s: float) -> None:
