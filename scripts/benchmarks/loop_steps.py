@@ -41,7 +41,7 @@ async def _bare_model() -> dict[str, Any]:
     from ledgerloop.runtime import get_runtime
 
     rt = get_runtime()
-    message = await rt.model.client.messages.create(
+    message = await rt.model.sdk().messages.create(
         model=rt.model.model_for("cheap"),
         max_tokens=OPS_AGENT.max_tokens,
         system=OPS_AGENT.system,

@@ -75,7 +75,7 @@ TOOLS = [t.schema() for t in BENCH_AGENT.tools]
 
 async def _bare_think(messages: list[dict[str, Any]]) -> dict[str, Any]:
     rt = get_runtime()
-    message = await rt.model.client.messages.create(
+    message = await rt.model.sdk().messages.create(
         model=rt.model.model_for("cheap"),
         max_tokens=MAX_TOKENS,
         system=SYSTEM,

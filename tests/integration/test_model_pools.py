@@ -28,11 +28,14 @@ def test_calls_one_at_a_time_share_one_pool() -> None:
                 for _ in range(5):
                     await model.create(**REQUEST)
                 assert model.pools_open() == 1
+                # A bare baseline's direct SDK calls go through that same client.
+                await model.sdk().messages.create(**REQUEST)
+                assert model.pools_open() == 1
             finally:
                 await model.close()
 
         asyncio.run(calls())
-    assert len(server.requests()) == 5
+    assert len(server.requests()) == 6
 
 
 def test_concurrent_calls_spread_evenly_over_the_pools() -> None:

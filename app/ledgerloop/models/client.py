@@ -127,6 +127,13 @@ class ModelClient:
         """Calls under way on each connection pool (tests read it)."""
         return list(self._in_flight)
 
+    def sdk(self) -> anthropic.AsyncAnthropic:
+        """The SDK client that calls made one at a time go through (benchmarks call it
+        directly for their bare baselines)."""
+        if not self._clients:
+            self._clients.append(self.new_client())
+        return self._clients[0]
+
     def pools_open(self) -> int:
         """Connection pools made so far (each an SDK client)."""
         return len(self._clients)
