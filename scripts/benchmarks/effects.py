@@ -15,8 +15,10 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -222,13 +224,32 @@ def measure_relay(url: str) -> dict[str, float]:
     }
 
 
+#: The act step refuses a write its policy wants approved and that was not: the benchmark
+#: measures the effect protocol, so its write_ticket needs no approval.
+POLICY = """
+version: "bench"
+tools:
+  write_ticket: {requires_approval: false, timeout_ms: 8000}
+destinations:
+  tickets: http://127.0.0.1:9
+"""
+
+
 def main() -> None:
     global TICKETS_URL
     proc, TICKETS_URL = ticket_service()
     try:
         script = "default: {turns: [{text: done}]}"
-        with database() as url, scripted(script) as model:
-            settings = settings_for(url, model.url, destinations={"tickets": TICKETS_URL})
+        with (
+            database() as url,
+            scripted(script) as model,
+            tempfile.TemporaryDirectory() as tmp,
+        ):
+            policy = Path(tmp) / "policy.yaml"
+            policy.write_text(POLICY)
+            settings = settings_for(
+                url, model.url, policy_file=policy, destinations={"tickets": TICKETS_URL}
+            )
             act = run_in_worker(settings, url, measure_act, services=[relay_service])
         with database() as url:
             relay = measure_relay(url)
