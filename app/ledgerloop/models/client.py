@@ -195,6 +195,15 @@ def make_model_client(settings: Settings) -> ModelClient:
         )
     base_url = settings.anthropic_base_url or "https://api.anthropic.com"
 
+    # The SDK's connection budget (1,000 open, 100 kept idle) split over the pools, so that
+    # 16 pools keep no more idle connections, and their buffers, than one pool did.
+    default = anthropic.DEFAULT_CONNECTION_LIMITS
+    limits = type(default)(
+        max_connections=-(-(default.max_connections or 1000) // HTTP_POOLS),
+        max_keepalive_connections=-(-(default.max_keepalive_connections or 100) // HTTP_POOLS),
+        keepalive_expiry=default.keepalive_expiry,
+    )
+
     def new_client() -> anthropic.AsyncAnthropic:
         return anthropic.AsyncAnthropic(
             # The scripted server ignores the key; the SDK insists on having one.
@@ -206,6 +215,7 @@ def make_model_client(settings: Settings) -> ModelClient:
             # attributes, and never content unless opted in); the SDK's own span would
             # duplicate it. Trace-context propagation to the API stays on.
             open_telemetry=False,
+            http_client=anthropic.DefaultAsyncHttpxClient(limits=limits),
         )
 
     parts = urlsplit(base_url)
