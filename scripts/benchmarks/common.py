@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -40,6 +41,15 @@ def scripted(text: str) -> Iterator[ScriptedModelServer]:
     script: Script = parse_script(text)
     with ScriptedModelServer(script) as server:
         yield server
+
+
+@contextmanager
+def policy_file(text: str) -> Iterator[Path]:
+    """A tool policy file with `text`, removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "policy.yaml"
+        path.write_text(text)
+        yield path
 
 
 def settings_for(url: str, model_url: str, **overrides: Any) -> Settings:

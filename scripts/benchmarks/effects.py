@@ -15,10 +15,8 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,6 +35,7 @@ from ledgerloop.testing.postgres import wait_until
 from scripts.benchmarks.common import (
     database,
     per_unit_ms,
+    policy_file,
     report,
     run_in_worker,
     scripted,
@@ -243,10 +242,8 @@ def main() -> None:
         with (
             database() as url,
             scripted(script) as model,
-            tempfile.TemporaryDirectory() as tmp,
+            policy_file(POLICY) as policy,
         ):
-            policy = Path(tmp) / "policy.yaml"
-            policy.write_text(POLICY)
             settings = settings_for(
                 url, model.url, policy_file=policy, destinations={"tickets": TICKETS_URL}
             )

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,7 +25,7 @@ from ledgerloop.agent.definition import Agent, register_agent
 from ledgerloop.runtime import Runtime
 from ledgerloop.services import relay_service
 from ledgerloop.tools.registry import HttpEffect, ToolContext, read_tool, write_tool
-from scripts.benchmarks.common import run_in_worker, scripted, settings_for
+from scripts.benchmarks.common import policy_file, run_in_worker, scripted, settings_for
 from scripts.benchmarks.effects import ticket_service
 from scripts.benchmarks.turn import Cost, Meter, _metered_cluster, _run_ledgerloop
 
@@ -99,10 +97,8 @@ def main() -> None:
         with (
             _metered_cluster() as url,
             scripted(SCRIPT) as model,
-            tempfile.TemporaryDirectory() as tmp,
+            policy_file(POLICY) as policy,
         ):
-            policy = Path(tmp) / "policy.yaml"
-            policy.write_text(POLICY)
             meter = Meter(url)
             settings = settings_for(
                 url, model.url, policy_file=policy, destinations={"tickets": tickets_url}
