@@ -103,17 +103,14 @@ class ModelClient:
     server_address: str
     server_port: int
     retry: RefusalRetry = field(default_factory=RefusalRetry)
-    pools: int = HTTP_POOLS
     #: The SDK clients made so far, and the calls under way on each (both touched only by
     #: the event loop the calls run on).
     _clients: list[anthropic.AsyncAnthropic] = field(init=False, repr=False, compare=False)
     _in_flight: list[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.pools < 1:
-            raise ValueError("a model client needs at least one connection pool")
         object.__setattr__(self, "_clients", [])
-        object.__setattr__(self, "_in_flight", [0] * self.pools)
+        object.__setattr__(self, "_in_flight", [0] * HTTP_POOLS)
 
     def model_for(self, tier: Tier | str) -> str:
         try:
