@@ -392,8 +392,12 @@ def test_recovery_attempts(cconn: Conn, contract_worker: str) -> None:
     )
     for _ in range(3):
         _evict(kept)
-        assert _hibernation(cconn, "workflow_requeue", kept, contract_worker) == 1
-        assert _row(cconn, kept)["recovery_attempts"] == 0, "the requeue gave nothing back"
+        # Read in the requeue's own transaction: once it commits, the worker may dispatch
+        # the row again (counting 1) before a separate read could see the 0.
+        with cconn.transaction():
+            assert _hibernation(cconn, "workflow_requeue", kept, contract_worker) == 1
+            given_back = _row(cconn, kept)["recovery_attempts"]
+        assert given_back == 0, broken(name, f"the requeue left recovery_attempts {given_back}")
         _waiting(kept)
         assert _row(cconn, kept)["recovery_attempts"] == 1, broken(
             name, f"a dispatch counted {_row(cconn, kept)['recovery_attempts']} (expected 1)"
