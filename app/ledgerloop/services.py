@@ -94,7 +94,7 @@ async def cancel_sweep_service(runtime: Runtime, stop: asyncio.Event) -> None:
 
 
 async def sweeper_service(runtime: Runtime, stop: asyncio.Event) -> None:
-    from ledgerloop.agent.write_steps import compensations_begin
+    from ledgerloop.agent.compensation_steps import compensations_begin
     from ledgerloop.control.sweeper import SweepConfig, run_sweeper
 
     settings = runtime.settings

@@ -161,6 +161,27 @@ def test_worker_killed(
         assert run_require(conn, run_id).state["turns"] == 2
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_delivering_worker_killed_inside_the_think_step_that_wrote(
+    kind: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
+) -> None:
+    """A plain write rides the next think step (agent.turn_tools). A worker that sends its
+    own effects, killed in that step after the write settled and before the model call:
+    the restarted worker repeats the step, finds the effect by its key and sends nothing
+    again, and asks the model about the write once."""
+    c = cluster(_script(KINDS[kind]))
+    victim = c.start("delivering worker", "think.after_tools")
+    run_id = start_test_run(conn, "writer", "file one")
+    assert victim.wait(timeout=60) == -9, c.output()
+    c.start("delivering worker")
+    wait_until(lambda: _settled(conn, run_id), timeout=60)
+    _check_invariants(conn, run_id, tickets)
+    run = run_require(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED, c.output()
+    assert run.state["turns"] == 2
+    assert httpx.get(f"{tickets.url}/_stats").json()["requests"] == 1
+
+
 COMPENSATE = """
 default:
   turns:

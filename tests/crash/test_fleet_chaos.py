@@ -81,7 +81,9 @@ def first_text(request: dict[str, Any]) -> str:
 def model_calls_after_recording(
     conn: Conn, requests: list[dict[str, Any]], runs: dict[str, uuid.UUID]
 ) -> list[tuple[str, int]]:
-    """(run, turn) of every model call made after DBOS recorded that turn's think step."""
+    """(run, turn) of every model call made after DBOS recorded that turn's think step: the
+    step that asks the model (`think-{i}-settled` when `think-{i}` ended at a write that
+    had to be awaited, agent.turn_tools)."""
     rows = conn.execute(
         "SELECT workflow_uuid, function_name, completed_at_epoch_ms FROM dbos.operation_outputs "
         "WHERE function_name LIKE 'think-%%'"
@@ -92,7 +94,8 @@ def model_calls_after_recording(
         run_id = runs.get(first_text(request))
         if run_id is None:
             continue
-        done = recorded.get((str(run_id), f"think-{request['turn']}"))
+        think = f"think-{request['turn']}"
+        done = recorded.get((str(run_id), f"{think}-settled"), recorded.get((str(run_id), think)))
         # Both clocks are this machine's; a millisecond of slack for the rounding.
         if done is not None and request["at"] * 1000 > done + 1:
             late.append((str(run_id), int(request["turn"])))

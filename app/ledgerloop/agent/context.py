@@ -55,6 +55,8 @@ class RunContext:
     #: tool turn, not two). Set from the run's journaled memory-load, so a run that began
     #: under the older loop replays and finishes with a step per read.
     reads_in_think: bool = False
+    #: Likewise for a turn's plain writes (agent.turn_tools), for runs begun under this loop.
+    writes_in_think: bool = False
 
     def with_agent(self, agent: Agent, scope: str, messages: list[Message]) -> RunContext:
         """Another agent's view of this run: its own conversation and step-name scope; the
@@ -100,6 +102,8 @@ class Thought:
     empty_turns: int = 0
     #: The think step saved this answer and ended the run (think(..., save_answer=True)).
     saved: bool = False
+    #: The previous turn's calls, run by this think, ended the run (a write's wait did).
+    stop: Stop | None = None
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:

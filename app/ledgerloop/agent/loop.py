@@ -4,10 +4,12 @@
     think-{i}  [think-{i}-strong]  tool-{i}-{call_id}...       (i < max_iterations)
     [memory-save-{i}] (a rejected answer, or an answer to validate) | finish
 
-A turn that asks only for read tools has no tool steps: its tools run at the start of the
-next think step, and their results are journaled with that model call (`think(reads=)`), so
-a read-tool turn is one step. Writes, approvals, sandboxed commands and MCP tools keep their
-`tool-{i}-{call_id}` steps. A tool turn's messages are in journaled results, and reach
+A turn that asks only for read tools and plain writes (no approval possible) has no tool
+steps: its tools run at the start of the next think step, and their results are journaled
+with that model call (`think(reads=)`, agent.turn_tools), so such a tool turn is one step.
+A write whose outcome is not settled at once ends that step early; the run waits for it and
+calls the model in `think-{i}-settled`. Approvals, sandboxed commands and MCP tools keep
+their `tool-{i}-{call_id}` steps. A tool turn's messages are in journaled results, and reach
 conversation memory with the run's final save, in the same commit as the run's terminal
 status. The final save of an answer nothing may refuse is made by the think
 step that got it (in one statement, under the name memory-save-{i}), so a run ends with its
@@ -35,8 +37,8 @@ from ledgerloop.agent.primitives import (
     finish,
     memory_load,
     memory_save,
-    only_reads,
     remember,
+    rides_think,
     think,
 )
 from ledgerloop.agent.stepping import QUEUE_NAME, WORKFLOW_NAME
@@ -106,6 +108,8 @@ async def run_turns(run: RunContext, max_turns: int | None = None) -> dict[str, 
             return await finish(run, RunStatus.FAILED, "deadline_exceeded")
         thought = await think(run, i, save_answer=True, empty_turns_before=empty_turns, reads=reads)
         reads = None
+        if thought.stop is not None:
+            return await finish(run, thought.stop.status, thought.stop.reason, thought.stop.details)
         empty_turns += thought.empty_turns
         if thought.error is not None:
             return await finish(
@@ -144,7 +148,7 @@ async def run_turns(run: RunContext, max_turns: int | None = None) -> dict[str, 
             )
             run.now = thought_time
             continue
-        if run.reads_in_think and i + 1 < max_turns and only_reads(run, calls):
+        if i + 1 < max_turns and rides_think(run, calls):
             for _ in calls:
                 count_call("tool")
             reads = thought.message()

@@ -1,7 +1,7 @@
 """Durable primitives: the steps of an agent run, callable from any Ledgerloop workflow.
 
     memory_load(run_id)                  memory-load
-    think(run, i)                        think-{i}  [think-{i}-strong]
+    think(run, i, reads=turn)            think-{i}  [think-{i}-settled] [think-{i}-strong]
     call_read_tool(run, i, call)         tool-{i}-{call_id}
     wait_for_approval(run, i, call, t)   approve-{i}-{call_id}   + durable wait for the decision
     write_effect(run, i, call, t, ok)    tool-{i}-{call_id}      + durable wait for the outcome
@@ -24,7 +24,6 @@ that the caller passes to every call, never in hidden globals.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import replace
@@ -32,24 +31,24 @@ from typing import Any
 
 from dbos import DBOS
 
-from ledgerloop.agent import act_mcp, steps, tracing, write_steps
+from ledgerloop.agent import act_mcp, compensation_steps, steps, tracing, turn_tools, write_steps
 from ledgerloop.agent.act_sandbox import act_sandbox, destroy_sandboxes
 from ledgerloop.agent.approval_wait import wait_for_approval as wait_for_approval
 from ledgerloop.agent.context import Approved, Ended, Message, RunContext, Stop, Thought
 from ledgerloop.agent.definition import get_agent
-from ledgerloop.agent.hibernation import wait_message
+from ledgerloop.agent.effect_wait import await_effect, remember_compensable
+from ledgerloop.agent.effect_wait import write_effect as write_effect
 from ledgerloop.agent.stepping import CODE_STEP, MODEL_STEP, run_step
-from ledgerloop.agent.steps import is_empty_turn, tool_result
-from ledgerloop.effects.messages import EffectStatus
+from ledgerloop.agent.steps import is_empty_turn
 from ledgerloop.failures import NONDETERMINISM, describe, error_name
 from ledgerloop.faults import hit
 from ledgerloop.models.client import Tier
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runtime import get_runtime
-from ledgerloop.tools.registry import Tool, ToolKind
+from ledgerloop.tools.registry import HttpEffect, Tool, ToolKind
 
-# wait_for_approval, one of the primitives, lives in approval_wait (for its size) and is
-# re-exported above.
+# wait_for_approval and write_effect, primitives too, live in approval_wait and effect_wait
+# (for their size) and are re-exported above.
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +79,7 @@ async def memory_load(run_id: str, trace: dict[str, Any] | None = None) -> RunCo
         trace=ctx.get("trace") or {},
         created_ns=ctx.get("created_ns"),
         reads_in_think=bool(ctx.get("reads_in_think")),
+        writes_in_think=bool(ctx.get("writes_in_think")),
     )
     if agent.mcp_servers:
         await discover_mcp(run)
@@ -158,9 +158,12 @@ async def think(
     """Step `think-{i}`: one model call. An empty turn is asked once more of the strong tier
     (step `think-{i}-strong`): the same tier would answer nothing again.
 
-    `reads`: the previous turn's assistant message, when it asked only for read tools (see
-    `only_reads`): they run in this step before the model call, and the turn (the message
-    and its tool results) joins the conversation as `remember` would add it.
+    `reads`: the previous turn's assistant message, when its calls may ride this step (see
+    `rides_think`): they run in this step before the model call, and the turn (the message
+    and its tool results) joins the conversation as `remember` would add it. A write that
+    does not settle at once ends the step before its model call: the run waits for it
+    durably, runs the turn's remaining calls as steps, and calls the model in step
+    `think-{i}-settled` (`Thought.stop` when the wait ends the run).
 
     `save_answer`: an answer nothing may refuse (no answer validator, no sandbox) ends the
     run as succeeded in the same step (steps.save_answer, recorded as `memory-save-{i}`, its
@@ -172,8 +175,22 @@ async def think(
         run, i, tier or Tier(run.agent.tier), save=save, empty=before, reads=reads
     )
     if reads is not None:
-        remember(run, [reads, {"role": "user", "content": result["reads"]}])
+        for written in result.get("writes", ()):
+            tool = _write_tool(run, written["tool"])
+            remember_compensable(run, written["call_id"], tool, written["recorded"])
+        results = result["reads"]
+        if "pending" in result:
+            rest = await _settle_turn(run, i - 1, reads, result)
+            if isinstance(rest, Stop):
+                return Thought([], stop=rest)
+            results = rest
+        elif result.get("writes"):
+            run.status = RunStatus.PLANNING.value  # moved back by the step, after the writes
+        remember(run, [reads, {"role": "user", "content": results}])
         hit("loop.after_tools")
+        if "pending" in result:
+            tier = tier or Tier(run.agent.tier)
+            result = await _think(run, i, tier, suffix="-settled", save=save, empty=before)
     empty_turns = 0
     if "response" in result and is_empty_turn(result["response"]):
         empty_turns = 1
@@ -223,12 +240,18 @@ async def _think(
         extra.append({"turn": i, "empty_turns": empty, "unsaved": run.unsaved, **memory})
     elif reads:
         extra.append(None)
+    body: Any = steps.think
     if reads:
-        extra.append({"message": reads, "tenant_id": run.tenant_id})
+        turn: dict[str, Any] = {"message": reads, "tenant_id": run.tenant_id}
+        writes = _write_calls(run, reads)
+        if writes:
+            body = turn_tools.think_after_tools
+            turn.update(writes=writes, tool_step=f"{run.scope}tool-{i - 1}-")
+        extra.append(turn)
     result: dict[str, Any] = await run_step(
         name,
         MODEL_STEP,
-        steps.think,
+        body,
         run.run_id,
         name,
         run.agent.name,
@@ -236,7 +259,7 @@ async def _think(
         run.messages,
         *extra,
     )
-    if replan:
+    if replan and "pending" not in result:
         run.status = RunStatus.PLANNING.value
     return result
 
@@ -259,9 +282,81 @@ def only_reads(run: RunContext, calls: list[dict[str, Any]]) -> bool:
     return True
 
 
+def rides_think(run: RunContext, calls: list[dict[str, Any]]) -> bool:
+    """Whether a turn's calls may run inside the next think step (`think(..., reads=)`):
+    reads (`only_reads`) for a run whose journal allows it, and, for a run that began under
+    this loop, also plain writes: the agent's own HTTP write tools for which the policy can
+    never ask a person (`turn_tools`). An approval, an MCP tool or a sandboxed command keeps
+    a step of its own."""
+    if run.reads_in_think and only_reads(run, calls):
+        return True
+    if not run.writes_in_think:
+        return False
+    policy = get_runtime().policy
+    for call in calls:
+        name = str(call.get("name"))
+        if name in run.mcp_tools:
+            return False
+        tool = run.agent.tool(name)
+        if tool is None or tool.kind is ToolKind.READ:
+            continue
+        if tool.kind is not ToolKind.WRITE or not isinstance(tool.effect, HttpEffect):
+            return False
+        if policy.for_write_tool(name).may_require_approval:
+            return False
+    return True
+
+
+def _write_calls(run: RunContext, message: Message) -> dict[str, str]:
+    """{call id: tool name} for the write calls of a turn that rides a think step."""
+    writes = {}
+    for call in message["content"]:
+        if call.get("type") != "tool_use" or str(call.get("name")) in run.mcp_tools:
+            continue
+        tool = run.agent.tool(str(call.get("name")))
+        if tool is not None and tool.kind is ToolKind.WRITE:
+            writes[str(call["id"])] = tool.name
+    return writes
+
+
+def _write_tool(run: RunContext, name: str) -> Tool:
+    tool = run.agent.tool(name)
+    if tool is None:  # the journal names it: the agent's code lost the tool since
+        raise LookupError(f"agent {run.agent.name} has no write tool {name} any more")
+    return tool
+
+
+async def _settle_turn(
+    run: RunContext, i: int, message: Message, result: dict[str, Any]
+) -> list[dict[str, Any]] | Stop:
+    """The rest of turn `i` after its think step ended at a write that did not settle: the
+    durable wait for that write, then the turn's remaining calls as steps of their own."""
+    pending = result["pending"]
+    call_id = str(pending["call_id"])
+    run.status = RunStatus.EXECUTING.value  # the write's record moved it
+    run.now = result["now"]
+    tool = _write_tool(run, pending["tool"])
+    settled = await await_effect(run, i, call_id, tool, pending["recorded"])
+    if isinstance(settled, Stop):
+        return settled
+    results = [*result["reads"], settled]
+    calls = [c for c in message["content"] if c.get("type") == "tool_use"]
+    after = [c["id"] for c in calls].index(call_id) + 1
+    for call in calls[after:]:
+        outcome = await _act(run, i, call)  # counted by the loop when the turn rode think
+        if isinstance(outcome, Stop):
+            return outcome
+        results.append(outcome)
+    return results
+
+
 async def act(run: RunContext, i: int, call: dict[str, Any]) -> dict[str, Any] | Stop:
     """Run one tool call of turn `i`: its tool result for the model, or a Stop."""
     tracing.count_call("tool")
+    return await _act(run, i, call)
+
+
+async def _act(run: RunContext, i: int, call: dict[str, Any]) -> dict[str, Any] | Stop:
     definition = run.mcp_tools.get(str(call.get("name")))
     if definition is not None and definition["kind"] != ToolKind.WRITE.value:
         return await _mcp_read(run, i, call, definition)
@@ -298,113 +393,6 @@ async def call_read_tool(run: RunContext, i: int, call: dict[str, Any]) -> dict[
         name, CODE_STEP, steps.run_read_tool, run.run_id, run.tenant_id, name, run.agent.name, call
     )
     return result
-
-
-async def write_effect(
-    run: RunContext, i: int, call: dict[str, Any], tool: Tool, approved: Approved | None
-) -> dict[str, Any] | Stop:
-    """Step `tool-{i}-{call_id}`: the effect and its outbox row in one commit (refused unless
-    the approval row covers exactly this action), then a durable wait for its outcome.
-
-    Messages wake; records decide: after every wake, step `outcome-{i}-{call_id}-{n}` reads
-    the effect row; while the outcome is unknown the run waits in reconciling (one event per
-    round). A succeeded effect with a compensating action is remembered in `run.compensable`.
-    """
-    call_id = str(call["id"])
-    name = f"{run.scope}tool-{i}-{call_id}"
-    recorded: dict[str, Any] = await run_step(
-        name,
-        CODE_STEP,
-        write_steps.record_effect,
-        run.run_id,
-        run.tenant_id,
-        name,
-        run.agent.name,
-        tool.name,
-        call,
-        approved.approval_id if approved else None,
-        act_mcp.definition_for(run.mcp_tools, tool),
-    )
-    if "result" in recorded:
-        result: dict[str, Any] = recorded["result"]
-        return result
-    run.status = RunStatus.EXECUTING.value
-    hit("loop.after_effect_recorded")
-    key: str = recorded["key"]
-    if "outcome" in recorded:
-        return _settled(run, call_id, key, tool, recorded, recorded["outcome"])
-    since: float | None = recorded.get("recorded_at")  # when the durable wait began
-    wakes = rounds = 0
-    previous: list[Any] | None = None
-    while True:
-        # A message says the effect may have changed; its row says what it is. A wake with no
-        # message (the deadline, or someone else's message consumed) is judged the same way,
-        # by the step's clock.
-        await wait_message(key, run.deadline)
-        was_replayed = tracing.wait_replayed()
-        wakes += 1
-        step = f"{run.scope}outcome-{i}-{call_id}-{wakes}"
-        seen: dict[str, Any] = await run_step(
-            step,
-            CODE_STEP,
-            write_steps.read_outcome,
-            run.run_id,
-            step,
-            key,
-            True,
-            previous,
-            rounds + 1,
-        )
-        tracing.waited(
-            "effect",
-            tool.name,
-            since,
-            was_replayed=was_replayed,
-            idempotency_key=key,
-            effect_status=seen["status"],
-            error_type=write_steps.WAIT_ERRORS.get(seen["status"]),
-        )
-        since = None  # a later round's wait starts when the previous one ended
-        if seen["status"] in write_steps.SETTLED:
-            return _settled(run, call_id, key, tool, recorded, seen["outcome"])
-        if seen["now"] >= run.deadline:
-            return Stop(RunStatus.FAILED, "deadline_exceeded", {"waiting_for_effect": key})
-        # pending or started (the message was not the relay's), outcome_unknown or
-        # needs_human (reconciling): wait for the next change.
-        previous = [seen["status"], seen["attempts"]]
-        rounds += seen["round_recorded"]
-        if seen["round_recorded"]:
-            run.status = RunStatus.RECONCILING.value
-
-
-def _settled(
-    run: RunContext,
-    call_id: str,
-    key: str,
-    tool: Tool,
-    recorded: dict[str, Any],
-    outcome: dict[str, Any],
-) -> dict[str, Any]:
-    """The tool result of a succeeded or failed effect."""
-    if outcome["status"] == EffectStatus.FAILED.value:
-        return tool_result(call_id, outcome["error"] or "failed", is_error=True)
-    # Whether it can be undone was decided by the recording step (the policy's destination
-    # may say so); a journal from before that records nothing and the code's word stands.
-    compensable = recorded.get("compensable")
-    if compensable is None:
-        compensable = tool.effect is not None and bool(tool.effect.compensate_path)
-    if compensable:
-        run.compensable.append(
-            {
-                "call_id": call_id,
-                "key": key,
-                "agent": run.agent.name,
-                "tool": tool.name,
-                "ref": outcome["external_reference"],
-            }
-        )
-    content = json.dumps(outcome["result"]) if outcome["result"] is not None else "ok"
-    return tool_result(call_id, content)
 
 
 # -- the end -----------------------------------------------------------------------------
@@ -483,7 +471,7 @@ async def compensate(
         seen: dict[str, Any] = await run_step(
             name,
             CODE_STEP,
-            write_steps.record_compensation,
+            compensation_steps.record_compensation,
             run_id,
             item.get("agent") or agent_name,
             item["tool"],

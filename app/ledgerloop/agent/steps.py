@@ -107,6 +107,9 @@ def memory_load(conn: Conn, run_key: str, trace: dict[str, Any]) -> dict[str, An
         # Journaled: this run's read-only turns run their tools in the next think step. A run
         # whose memory-load lacks it started under an older loop and keeps a step per read.
         "reads_in_think": True,
+        # Journaled likewise: this run's turns of reads and plain writes ride the next think
+        # step (agent.turn_tools); an older run keeps a step per write.
+        "writes_in_think": True,
     }
 
 
@@ -219,7 +222,7 @@ async def think(
 ) -> dict[str, Any]:
     """One messages.create. Failures come back as data: the workflow decides what they mean.
 
-    `replan`: the run comes back from a write turn; move it to planning first, in this step
+    `replan`: the run comes back from a write turn; move it to planning in this step
     (recorded once under the step's name), rather than in a step of its own.
     `save`: the run's final save, for when the model answers (see `save_answer`).
     `reads`: the previous turn ({"message": its assistant message, "tenant_id"}) asked only
@@ -227,10 +230,41 @@ async def think(
     with it (`reads` in the result). A read changes nothing outside, so running it again when
     this step is repeated costs a call and nothing else; the model call's window is as before.
     """
-    if replan:
-        await asyncio.to_thread(
-            transition, run_id, RunStatus.PLANNING.value, "planning", {}, step_name
+    # The move back to planning overlaps the reads and the model call (it commits before the
+    # step returns, and before an answer is saved): it is this step's, and nothing in the
+    # model call depends on it.
+    moving = (
+        asyncio.ensure_future(
+            asyncio.to_thread(
+                transition, run_id, RunStatus.PLANNING.value, "planning", {}, step_name
+            )
         )
+        if replan
+        else None
+    )
+    try:
+        result, save = await _ask(
+            run_id, step_name, agent_name, tier, messages, mcp_tools, save, reads
+        )
+    finally:
+        if moving is not None:
+            await moving
+    if save is not None and "response" in result and answer_text(result["response"]) is not None:
+        result = await asyncio.to_thread(save_answer, run_id, save, result)
+    return result
+
+
+async def _ask(
+    run_id: str,
+    step_name: str,
+    agent_name: str,
+    tier: str,
+    messages: list[dict[str, Any]],
+    mcp_tools: list[dict[str, Any]] | None,
+    save: dict[str, Any] | None,
+    reads: dict[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The think step's reads and model call: its result, and the save with the reads."""
     read_results: dict[str, Any] = {}
     if reads is not None:
         results = [
@@ -280,13 +314,8 @@ async def think(
                 error["status_code"] = status
             # Returned as data, so the span would not see it: mark it (span and metric).
             recorder.record_error(error["type"], error["message"])
-            return {
-                "error": error,
-                "model": model,
-                "tier": tier,
-                "now": time.time(),
-                **read_results,
-            }
+            failed = {"error": error, "model": model, "tier": tier, "now": time.time()}
+            return {**failed, **read_results}, save
         recorder.record_response(response)
         recorder.record_content(messages, response, agent.system)
     if is_empty_turn(response):
@@ -298,9 +327,7 @@ async def think(
         "now": time.time(),
         **read_results,
     }
-    if save is not None and answer_text(result["response"]) is not None:
-        result = await asyncio.to_thread(save_answer, run_id, save, result)
-    return result
+    return result, save
 
 
 def answer_text(response: dict[str, Any]) -> str | None:

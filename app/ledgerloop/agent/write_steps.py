@@ -1,4 +1,5 @@
-"""The step bodies of the write path: approval request, effect record, compensation record.
+"""The step bodies of the write path: approval request and effect record (compensations are
+in `compensation_steps`).
 
 The orchestration around them (which step runs when, the durable waits) is in
 `ledgerloop.agent.primitives`; these bodies only touch the database, each at least once and
@@ -15,6 +16,8 @@ is approved by a principal for exactly that hash: what runs is exactly what was 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
 import uuid
@@ -34,13 +37,10 @@ from ledgerloop.approvals.store import approval_check, approval_get, approval_re
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.hashing import idempotency_key, request_hash
 from ledgerloop.effects.ledger import (
-    COMPENSATION_SUFFIX,
     Claim,
     Effect,
-    compensation_begin,
     effect_begin,
     effect_begin_claimed,
-    effect_list,
     effect_require,
 )
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus
@@ -48,7 +48,7 @@ from ledgerloop.effects.outbox import Claimed, Deliverer, Outcome
 from ledgerloop.faults import hit
 from ledgerloop.mcptools.client import META_IDEMPOTENCY_KEY
 from ledgerloop.runs.states import RunStatus
-from ledgerloop.runs.store import run_ensure_status, run_require
+from ledgerloop.runs.store import run_ensure_status
 from ledgerloop.runtime import get_runtime
 from ledgerloop.telemetry import semconv as sc
 from ledgerloop.telemetry import tool_span
@@ -280,6 +280,45 @@ async def record_effect(
     approval_id: str | None = None,
     mcp_definition: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The write step's body: the effect recorded, sent when this worker delivers, and what
+    its row says once the outcome is recorded (or after a short watch)."""
+    recorded, _ = await _record_effect(
+        run_id, tenant_id, step_name, agent_name, tool_name, call, approval_id, mcp_definition
+    )
+    return recorded
+
+
+async def record_and_send(
+    run_id: str, tenant_id: str, step_name: str, agent_name: str, tool_name: str, call: Any
+) -> tuple[dict[str, Any], asyncio.Future[bool] | None]:
+    """`record_effect` for a step that has more to do (agent.turn_tools): a settled outcome
+    from this worker's own delivery comes back as soon as the downstream answered, with the
+    future of its record (the relay's `send_now`). Await it before anything durable is made
+    of the outcome; False: someone else settled the effect first (`read_effect` says how).
+    No future: the result is what the row says, as for `record_effect`."""
+    return await _record_effect(
+        run_id, tenant_id, step_name, agent_name, tool_name, call, defer=True
+    )
+
+
+async def read_effect(key: str) -> dict[str, Any]:
+    """An effect's row as `record_effect` reports it."""
+    found: dict[str, Any] = await db_call(lambda conn: _recorded(effect_require(conn, key)))
+    return found
+
+
+async def _record_effect(
+    run_id: str,
+    tenant_id: str,
+    step_name: str,
+    agent_name: str,
+    tool_name: str,
+    call: dict[str, Any],
+    approval_id: str | None = None,
+    mcp_definition: dict[str, Any] | None = None,
+    *,
+    defer: bool = False,
+) -> tuple[dict[str, Any], asyncio.Future[bool] | None]:
     rt = get_runtime()
     tool = _tool(agent_name, tool_name, mcp_definition)
     assert tool.effect is not None
@@ -306,7 +345,7 @@ async def record_effect(
                 "result": tool_result(
                     call_id, f"invalid arguments for {tool_name}: {exc}", is_error=True
                 )
-            }
+            }, None
         if approval_id is None and policy.approval_needed(args.model_dump(mode="json"))[0]:
             # No approval was asked for (a caller that skipped wait_for_approval, or a policy
             # that changed since the approval step decided): the rules now ask for one.
@@ -318,7 +357,7 @@ async def record_effect(
                     "none was given; call it again to ask for one",
                     is_error=True,
                 )
-            }
+            }, None
         # The relay's delivery span links to this one, under the run's root.
         delivery = _delivery(tool, body, policy, span_traceparent(span.span))
         # This worker's relay, when it runs one on this loop: it sends the effect now.
@@ -373,11 +412,17 @@ async def record_effect(
                         f"refused: {recorded['refused']}; a changed action needs a new approval",
                         is_error=True,
                     )
-                }
+                }, None
+            confirm: asyncio.Future[bool] | None = None
             if claimed is not None and deliverer is not None:
-                sent = await deliverer.deliver_now(claimed)
+                sent = await deliverer.send_now(claimed)
                 if sent is not None:
-                    recorded = {**recorded, **_delivered(sent)}
+                    answered, its_record = sent
+                    if defer and answered.status.value in SETTLED:
+                        confirm = its_record  # the caller awaits it before committing more
+                        recorded = {**recorded, **_delivered(answered)}
+                    elif await its_record:
+                        recorded = {**recorded, **_delivered(answered)}
             if recorded["status"] not in SETTLED and await watch.wait(SETTLE_WATCH_S):
                 settled = await db_call(lambda conn: _recorded(effect_require(conn, key)))
                 recorded = {**settled, "compensable": recorded["compensable"]}
@@ -386,7 +431,7 @@ async def record_effect(
             outcome = recorded.get("outcome") or {}
             span.record_error(sc.ERROR_EFFECT_FAILED, str(outcome.get("error") or "failed"))
         recorded["recorded_at"] = time.time()  # a durable wait for the outcome starts here
-        return recorded
+        return recorded, confirm
 
 
 #: error.type of an effect wait span by the outcome that ended it.
@@ -402,6 +447,14 @@ WAIT_ERRORS = {
 #: outcomes and people are left to the durable wait. Nothing holds a thread meanwhile.
 SETTLE_WATCH_S = 0.5
 SETTLED = frozenset({EffectStatus.SUCCEEDED.value, EffectStatus.FAILED.value})
+
+
+def settled_result(call_id: str, outcome: dict[str, Any]) -> dict[str, Any]:
+    """The model's tool result for a succeeded or failed effect (its `_reading` outcome)."""
+    if outcome["status"] == EffectStatus.FAILED.value:
+        return tool_result(call_id, outcome["error"] or "failed", is_error=True)
+    content = json.dumps(outcome["result"]) if outcome["result"] is not None else "ok"
+    return tool_result(call_id, content)
 
 
 def _deliverer() -> Deliverer | None:
@@ -489,67 +542,3 @@ def _tool(agent_name: str, name: str, mcp_definition: dict[str, Any] | None = No
     if tool is None:
         raise LookupError(f"agent {agent_name!r} has no tool {name!r} in this worker")
     return tool
-
-
-# -- compensation ---------------------------------------------------------------------------
-
-
-def record_compensation(
-    run_id: str, agent_name: str, tool_name: str, key: str, ref: str | None
-) -> dict[str, Any]:
-    """Begin the compensating effect of `key` (its own key, `...:compensate`, and audit trail)."""
-    rt = get_runtime()
-    delivery = compensation_delivery(_tool(agent_name, tool_name), key, ref)
-
-    def record(conn: Conn) -> dict[str, Any]:
-        with conn.transaction():
-            effect = compensation_begin(conn, effect_require(conn, key), delivery)
-        return {"key": effect.key, "status": str(effect.status), "now": time.time()}
-
-    with rt.pool.connection() as conn:
-        return record(conn)
-
-
-def compensation_delivery(tool: Tool, key: str, ref: str | None) -> DeliveryRequest:
-    """The request that undoes effect `key` of `tool` (whose downstream reference is `ref`)."""
-    path = _compensate_path(tool)
-    assert path is not None
-    policy = get_runtime().policy.for_write_tool(tool.name)
-    return DeliveryRequest(
-        path=path.format(ref=ref or "", key=key),
-        method="POST",
-        idempotency_header=effect_facts(tool).idempotency_header,
-        # Compensating calls are declared idempotent: resending one is always safe.
-        honours_idempotency=True,
-        timeout_ms=policy.timeout_ms,
-        max_attempts=policy.max_retries + 1,
-        deadline_s=policy.deadline_s,
-        traceparent=span_traceparent(),
-    )
-
-
-def compensations_begin(conn: Conn, run_id: uuid.UUID) -> list[dict[str, Any]]:
-    """Begin, in the caller's transaction, the compensation of every succeeded effect of the
-    run that its tool can undo and that has none yet, newest first.
-
-    For a run settled without its workflow (the sweeper): nobody waits for these outcomes;
-    the relay delivers them and each has its own audit trail, as in `primitives.compensate`.
-    """
-    agent = run_require(conn, run_id).agent
-    effects = effect_list(conn, run_id=run_id, limit=1000)
-    keys = {e.key for e in effects}
-    begun = []
-    for effect in effects:  # newest first
-        if (
-            effect.compensates is not None
-            or effect.status is not EffectStatus.SUCCEEDED
-            or effect.key + COMPENSATION_SUFFIX in keys
-        ):
-            continue
-        tool = _find_tool(agent, effect.tool)
-        if tool is None or _compensate_path(tool) is None:
-            continue
-        delivery = compensation_delivery(tool, effect.key, effect.external_reference)
-        compensation = compensation_begin(conn, effect, delivery)
-        begun.append({"key": compensation.key, "status": compensation.status.value})
-    return begun

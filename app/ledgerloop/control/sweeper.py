@@ -115,7 +115,7 @@ def runs_unfinished(conn: Conn, config: SweepConfig) -> list[dict[str, Any]]:
 
 
 #: Begins a failed run's compensations in the caller's transaction; returns what it began.
-#: Supplied by the worker (agent/write_steps.py: compensations_begin), which knows the tools.
+#: Supplied by the worker (agent/compensation_steps.py: compensations_begin), which knows the tools.
 Compensate = Callable[[Conn, uuid.UUID], list[dict[str, Any]]]
 
 

@@ -7,6 +7,7 @@ deliveries/s that is a handful of round trips per batch instead of several per r
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -109,6 +110,8 @@ class Deliverer(Protocol):
     def delivers_here(self) -> bool: ...
 
     async def deliver_now(self, claimed: Claimed) -> Outcome | None: ...
+
+    async def send_now(self, claimed: Claimed) -> tuple[Outcome, asyncio.Future[bool]] | None: ...
 
 
 async def outbox_claim(conn: AConn, *, limit: int, lease_margin_s: float) -> list[Claimed]:

@@ -293,33 +293,50 @@ class Relay:
         the relay stopping, or someone else settled the effect first): the caller then reads
         the effect's row, which settles as after any relay's lost attempt.
         """
+        sent = await self.send_now(claimed)
+        if sent is None:
+            return None
+        outcome, recorded = sent
+        return outcome if await recorded else None
+
+    async def send_now(self, claimed: Claimed) -> tuple[Outcome, asyncio.Future[bool]] | None:
+        """`deliver_now` without waiting for the record: the outcome as soon as the
+        downstream has answered, and a future that says, once the outcome is recorded,
+        whether this attempt still owned the effect (False: someone else settled it first,
+        and the row says how). The caller may work with the outcome meanwhile, but must not
+        make anything durable of it before the future says True. None: nothing was sent or
+        will be recorded (a bug in the attempt, the relay stopping)."""
         self._inline += 1
         self._inline_done.clear()
+        handed = False
         try:
-            return await self._deliver_now(claimed)
-        finally:
-            self._inline -= 1
-            if not self._inline:
-                self._inline_done.set()
-
-    async def _deliver_now(self, claimed: Claimed) -> Outcome | None:
-        try:
-            outcome = await self._attempt(claimed)
-        except Exception:
-            log.exception("relay failed delivering %s", claimed.key)
-            return None
-        if self._recorder is None or self._recorder.done():
-            return None  # stopped meanwhile: the effect settles after its lease
-        recorded = asyncio.get_running_loop().create_future()
-        self._recorded[claimed.outbox_id] = recorded
-        try:
+            try:
+                outcome = await self._attempt(claimed)
+            except Exception:
+                log.exception("relay failed delivering %s", claimed.key)
+                return None
+            if self._recorder is None or self._recorder.done():
+                return None  # stopped meanwhile: the effect settles after its lease
+            recorded: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._recorded[claimed.outbox_id] = recorded
+            recorded.add_done_callback(lambda _: self._sent_recorded(outcome))
             self._outcomes.put_nowait(outcome)
-            owned = await recorded
+            handed = True  # the delivery is under way until its record (_sent_recorded)
+            return outcome, recorded
         finally:
-            self._recorded.pop(claimed.outbox_id, None)
+            if not handed:
+                self._inline_ended()
+
+    def _sent_recorded(self, outcome: Outcome) -> None:
+        self._recorded.pop(outcome.claimed.outbox_id, None)
         if outcome.retry_in_s is not None:
             self._wake.set()  # a retry is the relay's now: it must know when it is due
-        return outcome if owned else None
+        self._inline_ended()
+
+    def _inline_ended(self) -> None:
+        self._inline -= 1
+        if not self._inline:
+            self._inline_done.set()
 
     # -- one delivery ---------------------------------------------------------------------
 

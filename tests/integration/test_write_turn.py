@@ -1,0 +1,187 @@
+"""A turn of plain writes (no approval possible) rides the next think step (agent.turn_tools).
+
+Real Postgres, a real in-process worker with its relay, the ticket service over HTTP and the
+real SDK against the scripted model. The journal (dbos.operation_outputs) shows which steps
+ran; the run's events, the effects and the ticket service show what happened outside.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ledgerloop.db.connect import Conn
+from ledgerloop.effects.ledger import effect_list
+from ledgerloop.examples.ticket_service import TicketServiceThread
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.testing.postgres import wait_until
+from ledgerloop.testing.processes import REPO, start_relay, stop_worker, worker_env
+from tests.conftest import start_test_run, wait_terminal
+
+
+def _steps(conn: Conn, run_id: uuid.UUID) -> list[str]:
+    rows = conn.execute(
+        "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s "
+        "ORDER BY function_id",
+        (str(run_id),),
+    ).fetchall()
+    return [row["function_name"] for row in rows]
+
+
+def _stats(tickets: TicketServiceThread) -> dict[str, Any]:
+    stats: dict[str, Any] = httpx.get(f"{tickets.url}/_stats").json()
+    return stats
+
+
+def _tool_results(request: dict[str, Any]) -> list[dict[str, Any]]:
+    last = request["request"]["messages"][-1]
+    return [b for b in last["content"] if b.get("type") == "tool_result"]
+
+
+MIXED = """
+default:
+  turns:
+    - tool_use:
+        - {name: ticket_idempotent, input: {title: first}}
+        - {name: echo, input: {text: between}}
+        - {name: ticket_undoable, input: {title: second}}
+    - text: done
+"""
+
+
+def test_a_turn_of_writes_and_reads_is_one_step(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    model = scripted_model(MIXED)
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file two")
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED, run.state
+    # No tool step, no durable wait: the writes, the read and the answer are think-1's.
+    assert _steps(conn, run_id) == ["memory-load", "think-0", "think-1"]
+    assert _stats(tickets)["created"] == 2
+    effects = effect_list(conn, run_id=run_id)
+    assert sorted(e.status.value for e in effects) == ["succeeded", "succeeded"]
+    # The model heard every call's result, in the order it asked for them.
+    requests = model.requests()
+    assert [r["turn"] for r in requests] == [0, 1]
+    calls = [b["id"] for b in requests[1]["request"]["messages"][-2]["content"]]
+    results = _tool_results(requests[1])
+    assert [r["tool_use_id"] for r in results] == calls
+    assert not any(r["is_error"] for r in results)
+    filed = {json.loads(results[n]["content"])["id"] for n in (0, 2)}
+    assert filed == {e.external_reference for e in effects}
+    # The run's history is a write step's: executing under each write's step name, then
+    # planning (recorded by think-1) and the answer.
+    events = [
+        (row["event_type"], row["step"])
+        for row in conn.execute(
+            "SELECT event_type, step FROM ledgerloop.agent_run_event WHERE run_id = %s "
+            "ORDER BY sequence",
+            (run_id,),
+        )
+    ]
+    executing = [step for kind, step in events if kind == "executing"]
+    assert executing == [f"tool-0-{calls[0]}", f"tool-0-{calls[2]}"]
+    tail = [kind for kind, _ in events][-3:]
+    assert tail == ["executing", "planning", "succeeded"], events
+
+
+def test_a_compensable_write_in_a_think_step_is_undone_when_the_run_fails(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    """The write's compensation is remembered from the think step's journaled record: the
+    run's failure (the model's 500) closes the ticket it filed."""
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: ticket_undoable, input: {title: undo}}}, "
+        "{status: 500}]}"
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file then fail")
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.state["reason"] == "model_call_failed"
+    assert [c["status"] for c in run.state["compensations"]] == ["succeeded"]
+    stats = _stats(tickets)
+    assert (stats["created"], stats["closed"]) == (1, 1)
+    assert "think-1" in _steps(conn, run_id)
+    assert not any(s.startswith("tool-") for s in _steps(conn, run_id))
+
+
+def test_a_write_that_does_not_settle_at_once_waits_then_thinks_again(
+    conn: Conn,
+    db_url: str,
+    scripted_model: Any,
+    worker: Any,
+    tickets: TicketServiceThread,
+    tmp_path: Path,
+) -> None:
+    """No relay runs yet, so think-1 records the write and ends there, without a model call;
+    the run waits for the outcome durably. A relay started later delivers it; the run then
+    runs the turn's remaining call as a step of its own and asks the model in
+    think-1-settled."""
+    model = scripted_model(
+        """
+default:
+  turns:
+    - tool_use:
+        - {name: ticket_idempotent, input: {title: later}}
+        - {name: echo, input: {text: after}}
+    - text: done
+"""
+    )
+    worker(model.url, relay=False)
+    run_id = start_test_run(conn, "writer", "file once")
+    wait_until(lambda: "think-1" in _steps(conn, run_id), timeout=20)
+    assert [e.status.value for e in effect_list(conn, run_id=run_id)] == ["pending"]
+    assert [r["turn"] for r in model.requests()] == [0]  # think-1 asked nothing yet
+    env = worker_env(
+        db_url,
+        LEDGERLOOP_AGENT_MODULES="tests.support.agents",
+        LEDGERLOOP_POLICY_FILE=str(REPO / "tests" / "support" / "policy.yaml"),
+        LEDGERLOOP_DESTINATIONS=json.dumps({"tickets": tickets.url}),
+    )
+    relay = start_relay(env, log=tmp_path / "relay.log")
+    try:
+        run = wait_terminal(conn, run_id, timeout=60)
+    finally:
+        stop_worker(relay)
+    assert run.status is RunStatus.SUCCEEDED, run.state
+    steps = _steps(conn, run_id)
+    assert steps[:3] == ["memory-load", "think-0", "think-1"], steps
+    assert steps[-1] == "think-1-settled", steps
+    requests = model.requests()
+    calls = [b["id"] for b in requests[1]["request"]["messages"][-2]["content"]]
+    assert f"tool-0-{calls[1]}" in steps  # the read after the pending write: its own step
+    assert any(s.startswith(f"outcome-0-{calls[0]}-") for s in steps), steps
+    # One model call per turn: the think step that ended at the write made none.
+    assert [r["turn"] for r in requests] == [0, 1]
+    results = _tool_results(requests[1])
+    assert [r["tool_use_id"] for r in results] == calls
+    assert not any(r["is_error"] for r in results)
+    (effect,) = effect_list(conn, run_id=run_id)
+    assert effect.status.value == "succeeded"
+    assert _stats(tickets)["created"] == 1
+
+
+def test_a_write_that_may_need_an_approval_keeps_its_own_step(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    """urgent_ticket's policy asks for a person: its turn is not folded into a think step
+    (the run waits for the approval in approve-0-{call_id})."""
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: urgent_ticket, input: {title: x}}}, {text: done}]}"
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "urgent")
+
+    def asked() -> bool:
+        return any(s.startswith("approve-0-") for s in _steps(conn, run_id))
+
+    wait_until(asked, timeout=20)
+    assert "think-1" not in _steps(conn, run_id)
+    assert _stats(tickets)["created"] == 0
