@@ -185,3 +185,40 @@ def test_a_write_that_may_need_an_approval_keeps_its_own_step(
     wait_until(asked, timeout=20)
     assert "think-1" not in _steps(conn, run_id)
     assert _stats(tickets)["created"] == 0
+
+
+def test_a_write_settled_by_someone_else_first_is_answered_with_the_rows_outcome(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    """While this worker's delivery is under way (a slow downstream), the effect is settled
+    by someone else (a hand-written UPDATE, as an operator's tool could make it). The think
+    step asked the model with the downstream's answer while the record was being written;
+    the record finds the effect no longer its own, so that answer is dropped and the model
+    hears the row's outcome in think-1-settled."""
+    httpx.post(
+        f"{tickets.url}/_faults", json={"mode": "slow", "delay_ms": 700, "kind": "idempotent"}
+    ).raise_for_status()
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: ticket_idempotent, input: {title: x}}}, {text: done}]}"
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file")
+    wait_until(lambda: _stats(tickets)["requests"] == 1, timeout=20)
+    (effect,) = effect_list(conn, run_id=run_id)
+    assert effect.status.value == "started"
+    conn.execute(
+        "UPDATE ledgerloop.activity_effect SET status = 'failed', error = 'settled elsewhere', "
+        "updated_at = now() WHERE idempotency_key = %s",
+        (effect.key,),
+    )
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED, run.state
+    assert _steps(conn, run_id)[-1] == "think-1-settled"
+    requests = model.requests()
+    # think-1's model call (made with the downstream's answer) was dropped, and paid for.
+    assert [r["turn"] for r in requests] == [0, 1, 1]
+    (result,) = _tool_results(requests[-1])
+    assert result["is_error"]
+    assert result["content"] == "settled elsewhere"
+    (effect,) = effect_list(conn, run_id=run_id)
+    assert (effect.status.value, effect.error) == ("failed", "settled elsewhere")

@@ -185,7 +185,8 @@ async def think(
                 return Thought([], stop=rest)
             results = rest
         elif result.get("writes"):
-            run.status = RunStatus.PLANNING.value  # moved back by the step, after the writes
+            # The writes moved the run to executing; the run's own agent moved it back.
+            run.status = (RunStatus.EXECUTING if run.scope else RunStatus.PLANNING).value
         remember(run, [reads, {"role": "user", "content": results}])
         hit("loop.after_tools")
         if "pending" in result:
@@ -246,7 +247,8 @@ async def _think(
         writes = _write_calls(run, reads)
         if writes:
             body = turn_tools.think_after_tools
-            turn.update(writes=writes, tool_step=f"{run.scope}tool-{i - 1}-")
+            # Only the run's own agent moves the run back to planning (as `replan` says).
+            turn.update(writes=writes, tool_step=f"{run.scope}tool-{i - 1}-", moves=not run.scope)
         extra.append(turn)
     result: dict[str, Any] = await run_step(
         name,

@@ -47,7 +47,8 @@ async def think_after_tools(
     """The previous turn's calls, then the model call (`steps.think`).
 
     `turn`: {"message": the turn's assistant message, "tenant_id", "writes": {call id: tool
-    name} for the calls that are writes, "tool_step": the prefix of their step names}.
+    name} for the calls that are writes, "tool_step": the prefix of their step names,
+    "moves": whether this agent moves the run back to planning (a scoped agent does not)}.
     The result is `steps.think`'s with `reads` (every call's tool result, in order) and
     `writes` (each recorded write: call id, tool and what its record read), or, when a
     write did not settle, `pending` (that write) with the results before it and no model
@@ -100,7 +101,7 @@ async def think_after_tools(
         [*messages, *turn_messages],
         mcp_tools,
         # Back to planning once the writes settled: the run moved to executing with each.
-        replan or bool(recorded_writes),
+        replan or (bool(recorded_writes) and turn.get("moves", True)),
     )
     # The model was asked while the outcomes were being recorded; nothing durable is made of
     # them (the answer's save, this step's checkpoint) before they are.
