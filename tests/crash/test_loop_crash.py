@@ -140,6 +140,7 @@ def test_a_run_begun_under_the_step_per_read_loop_finishes_in_that_shape(
     ).fetchall()
     loaded = json.loads(row["output"])
     assert loaded.pop("reads_in_think") is True
+    assert loaded.pop("writes_in_think") is True  # later still
     conn.execute(
         "UPDATE dbos.operation_outputs SET output = %s WHERE workflow_uuid = %s "
         "AND function_name = 'memory-load'",

@@ -1,8 +1,9 @@
 """Versioned deploys: a policy change that puts an approval in front of a tool.
 
 Runs in flight under version 1 (policy: `ticket_idempotent` needs no approval) are checked
-against version 2 (it does). The ones that already ran `tool-0-X` would now first run
-`approve-0-X`: `deploy check` lists exactly those and exits 1. `deploy adopt` moves the others
+against version 2 (it does). The ones that already ran that write (inside `think-1`, where
+a write no approval can be asked for rides) would now first run `approve-0-X`: `deploy
+check` lists exactly those and exits 1. `deploy adopt` moves the others
 to version 2, whose worker resumes them to the end without repeating a model call;
 `deploy stop-incompatible` cancels the rest with the reason. Real worker, real DBOS journals,
 the real SDK against the scripted model, the commands through the real CLI.
@@ -142,8 +143,9 @@ def test_policy_change_adding_an_approval(
     assert blocked == set(affected)
     for run_id in affected:
         verdict = verdicts[run_id]
-        assert verdict["recorded"].startswith("tool-0-")
-        assert verdict["expected"] == verdict["recorded"].replace("tool-", "approve-", 1)
+        # Version 1 ran the write inside think-1; version 2 asks for its approval first.
+        assert verdict["recorded"] == "think-1"
+        assert verdict["expected"].startswith("approve-0-")
     for run_id in unaffected:
         assert verdicts[run_id]["expected"].startswith("DBOS.recv(approval:")
     # The human form names each blocked run and the step; the exit code is the same.
@@ -197,6 +199,6 @@ def test_policy_change_adding_an_approval(
         event = run_events(conn, run_id)[-1]
         assert event.event_type == "cancelled"
         assert event.payload["reason"] == "incompatible_deploy"
-        assert event.payload["recorded_step"].startswith("tool-0-")
+        assert event.payload["recorded_step"] == "think-1"
         assert _workflow(conn, run_id)["status"] == "CANCELLED"
         assert approval_list(conn, run_id=run_id, status="pending") == []

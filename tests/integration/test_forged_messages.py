@@ -175,7 +175,8 @@ def test_a_forged_effect_outcome_changes_nothing(
     )
     worker(model.url, relay=False)  # nobody delivers until the test does, after the forgery
     run_id = start_test_run(conn, "writer", "file it")
-    wait_until(lambda: any(s.startswith("tool-0-") for s in _steps(conn, run_id)), timeout=20)
+    # The write rides think-1, which ends at it: nothing delivers it yet.
+    wait_until(lambda: "think-1" in _steps(conn, run_id), timeout=20)
     (effect,) = effect_list(conn, run_id=run_id)
 
     forger(

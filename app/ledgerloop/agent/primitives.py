@@ -290,7 +290,9 @@ def rides_think(run: RunContext, calls: list[dict[str, Any]]) -> bool:
     this loop, also plain writes: the agent's own HTTP write tools for which the policy can
     never ask a person (`turn_tools`). An approval, an MCP tool or a sandboxed command keeps
     a step of its own."""
-    if run.reads_in_think and only_reads(run, calls):
+    if not run.reads_in_think:
+        return False
+    if only_reads(run, calls):
         return True
     if not run.writes_in_think:
         return False
