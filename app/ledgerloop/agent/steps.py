@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from ledgerloop.agent.definition import Agent, get_agent
 from ledgerloop.agent.memory import messages_load
-from ledgerloop.agent.stepping import db_call, pooled, pooled_autocommit
+from ledgerloop.agent.stepping import db_call, pooled_autocommit
 from ledgerloop.db.connect import Conn
 from ledgerloop.faults import hit
 from ledgerloop.models.client import Tier
@@ -174,7 +174,7 @@ def finish(
     return {"status": run.status.value}
 
 
-@pooled
+@pooled_autocommit
 def transition(
     conn: Conn,
     run_id: str,
@@ -184,11 +184,12 @@ def transition(
     step: str | None = None,
 ) -> dict[str, Any]:
     """A bare status move, for waits (awaiting_approval, reconciling); `step` records a
-    same-state event (another reconciling round) once."""
-    with conn.transaction():
-        run = run_ensure_status(
-            conn, uuid.UUID(run_id), RunStatus(target), event, payload, step=step
-        )
+    same-state event (another reconciling round) once.
+
+    Autocommit: the move is one statement (run_advance; a read follows only when it did not
+    move), so a BEGIN and a COMMIT would only add two round trips, each of which a thread
+    may wait for the interpreter to get back (this runs beside the step's model call)."""
+    run = run_ensure_status(conn, uuid.UUID(run_id), RunStatus(target), event, payload, step=step)
     return {"status": run.status.value, "now": time.time()}
 
 
