@@ -250,12 +250,14 @@ INTERNALS: tuple[Internal, ...] = (
         "SystemDatabase.get_workflow_statuses, "
         "dbos._core.execute_dequeued_workflow, DBOS._active_workflows_set.count_for_queue, "
         "dbos._utils.GlobalParams, dbos._utils.generate_uuid; the internal queue's "
-        "_polling_interval_sec and dbos._workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC",
+        "_polling_interval_sec and dbos._workflow_commands._BACKGROUND_JOBS_INTERVAL_SEC, "
+        "with dbos._sys_db_postgres.BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS raised past that "
+        "period (background_job_lock holds its lock idle in a transaction for the period)",
         relies_on="a claim takes at most the queue's worker_concurrency less the running "
         "count given, and version-less rows only when told this worker runs the latest "
         "version, marks them PENDING under this executor with the owner token given, and "
         "execute_dequeued_workflow runs a claimed workflow with that token; the two periods "
-        "are read by DBOS's threads at launch",
+        "are read by DBOS's threads at launch, and the lock's idle timeout at each lock",
         why="DBOS's queue thread only polls (nothing public wakes it on a NOTIFY) and claims "
         "all its worker may take at once, which hands a burst to one worker; its internal "
         "queue and background jobs poll every second with no setting",

@@ -664,6 +664,39 @@ def test_fleet_dispatch(cconn: Conn, contract_worker: str, one_statement: bool) 
     assert _result(rest[0], name) == "dispatched"
 
 
+def test_fleet_dispatch_background_job_lock(cconn: Conn, contract_worker: str) -> None:
+    """fleet-dispatch, its background jobs' period: DBOS holds their advisory lock in an
+    open transaction for the whole period, under an idle timeout. The worker's period (10 s)
+    is longer than DBOS's 5 s timeout, which the worker raises: a lock held idle for longer
+    than 5 s keeps its session (else Postgres ends it every round and DBOS reconnects)."""
+    import hashlib
+
+    import dbos._sys_db_postgres as postgres
+    import dbos._workflow_commands as commands
+    from dbos._dbos import _get_dbos_instance
+
+    name = "fleet-dispatch"
+    period_ms = commands._BACKGROUND_JOBS_INTERVAL_SEC * 1000
+    timeout_ms = postgres.BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS
+    assert timeout_ms > period_ms, broken(name, f"a {timeout_ms} ms timeout, {period_ms} ms period")
+    sys_db = _get_dbos_instance()._sys_db
+    job = "ll-contract-hold"
+    # The lock's key as DBOS derives it; Postgres shows a bigint advisory lock as two oids.
+    label = f"dbos.background_job.{sys_db.schema}.{sys_db.app_name or ''}.{job}"
+    key = int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "big", signed=True)
+    high, low = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
+    with sys_db.background_job_lock(job) as acquired:
+        assert acquired, broken(name, "a free background-job lock was not granted")
+        time.sleep(6.0)  # idle in its transaction past DBOS's own 5 s timeout
+        row = cconn.execute(
+            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND classid = %s AND objid = %s",
+            (high, low),
+        ).fetchone()
+    assert row is not None
+    assert row["n"] == 1, broken(name, "the lock's session was ended while it held the lock")
+
+
 @pytest.mark.parametrize("one_statement", [False, True], ids=["dbos-claim", "one-statement"])
 def test_fleet_dispatch_latest_version(
     cconn: Conn, contract_worker: str, monkeypatch: pytest.MonkeyPatch, one_statement: bool

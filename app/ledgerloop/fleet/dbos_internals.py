@@ -322,10 +322,25 @@ def slow_internal_queue(polling_interval_s: float) -> None:
 
 
 def slow_background_jobs(interval_s: float) -> None:
-    """Run DBOS's background jobs every `interval_s` (call before DBOS.launch)."""
+    """Run DBOS's background jobs every `interval_s` (call before DBOS.launch).
+
+    The process that runs them holds their advisory lock in an open transaction for the
+    whole period, and DBOS has Postgres end such a session after 5 s idle (so that a frozen
+    holder lets go). With a longer period the holder's session was ended every round, and
+    DBOS's pool opened 4-5 new connections every 10 s on an idle worker: the timeout now
+    outlasts the period."""
+    import dbos._sys_db_postgres as postgres
     import dbos._workflow_commands as commands
 
     commands._BACKGROUND_JOBS_INTERVAL_SEC = interval_s
+    needed_ms = int((interval_s + LOCK_IDLE_MARGIN_S) * 1000)
+    postgres.BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS = max(
+        postgres.BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS, needed_ms
+    )
+
+
+#: How much longer than the background jobs' period their lock holder may sit idle.
+LOCK_IDLE_MARGIN_S = 5.0
 
 
 class _CancelledTasksFilter(logging.Filter):
