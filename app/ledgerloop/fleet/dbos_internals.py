@@ -333,10 +333,10 @@ def slow_background_jobs(interval_s: float) -> None:
     import dbos._workflow_commands as commands
 
     commands._BACKGROUND_JOBS_INTERVAL_SEC = interval_s
-    needed_ms = int((interval_s + LOCK_IDLE_MARGIN_S) * 1000)
-    postgres.BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS = max(
-        postgres.BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS, needed_ms
-    )
+    current = getattr(postgres, "BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS", None)
+    if current is not None:  # releases before 3.4 take no such lock
+        needed_ms = int((interval_s + LOCK_IDLE_MARGIN_S) * 1000)
+        postgres.BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS = max(current, needed_ms)
 
 
 #: How much longer than the background jobs' period their lock holder may sit idle.
