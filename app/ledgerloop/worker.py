@@ -26,6 +26,7 @@ from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.dispatch import Dispatcher
 from ledgerloop.fleet.fence import Fence
 from ledgerloop.fleet.heartbeat import FleetTimings, Heartbeat
+from ledgerloop.mcptools.client import close_connections
 from ledgerloop.models.client import make_model_client
 from ledgerloop.runtime import Runtime, install
 from ledgerloop.sandbox import require_backend
@@ -261,6 +262,7 @@ async def run_worker(
             # process is gone a survivor takes them over as it would after a crash.
             log.warning("stopping DBOS failed (%s); peers will take this worker's runs over", exc)
         runtime.fence.release()
+        await close_connections()
         if destroyed:
             try:
                 handed = heartbeat.unregister()

@@ -191,6 +191,41 @@ def test_http_write_through_the_outbox_then_read_inline_with_mcp_span_attributes
     assert write["ledgerloop.effect.idempotency_key"] == effect.key
 
 
+class _SessionEndsSeen(McpTicketServerThread):
+    """The ticket server, counting the DELETEs that end an MCP session over HTTP."""
+
+    ended = 0
+
+    def app(self) -> Any:
+        inner = super().app()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and scope["method"] == "DELETE":
+                self.ended += 1
+            await inner(scope, receive, send)
+
+        return app
+
+
+def test_a_stopped_worker_ends_its_mcp_sessions(
+    conn: Conn, scripted_model: Any, worker: Any, tmp_path: Path
+) -> None:
+    # Left open, a session's task was cancelled by the loop's own shutdown, together with
+    # whatever its HTTP client started while unwinding: a task the closed loop never ran.
+    with _SessionEndsSeen() as server:
+        model = scripted_model(
+            _script({"tool_use": {"name": "search_tickets", "input": {"word": "disk"}}})
+        )
+        running = worker(
+            model.url, agent_modules=AGENTS, policy_file=policy_for(tmp_path, server.url)
+        )
+        run_id = start_test_run(conn, "mcp_http", "look")
+        assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+        assert server.ended == 0
+        running.stop()
+        assert server.ended == 1
+
+
 @pytest.fixture
 def other_mcp_server() -> Iterator[McpTicketServerThread]:
     with McpTicketServerThread() as server:

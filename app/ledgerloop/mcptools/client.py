@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import logging
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -162,16 +163,32 @@ class McpConnections:
             await self.discard(name)
 
 
-_PER_LOOP: dict[int, McpConnections] = {}
+# Keyed by the loop itself, weakly: a loop that is gone takes its pool with it, and a new
+# loop that happens to get a dead loop's id() never inherits connections bound to it.
+_PER_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, McpConnections] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def connections() -> McpConnections:
     """This event loop's connections (the worker's steps share them)."""
     loop = asyncio.get_running_loop()
-    pool = _PER_LOOP.get(id(loop))
+    pool = _PER_LOOP.get(loop)
     if pool is None:
-        pool = _PER_LOOP[id(loop)] = McpConnections()
+        pool = _PER_LOOP[loop] = McpConnections()
     return pool
+
+
+async def close_connections() -> None:
+    """Close this event loop's connections; a worker calls it before its loop ends.
+
+    Left to the loop's own shutdown, a connection's task is cancelled together with
+    whatever its HTTP client starts while unwinding, and a task started then never runs:
+    the loop closes with it pending.
+    """
+    pool = _PER_LOOP.pop(asyncio.get_running_loop(), None)
+    if pool is not None:
+        await pool.aclose()
 
 
 def _describe(exc: BaseException | None) -> str:
