@@ -292,8 +292,17 @@ class Settings(BaseSettings):
             # No ping on every checkout (a statement per step): a connection broken by a
             # database restart fails once and SQLAlchemy then replaces the whole pool.
             "db_engine_kwargs": {"pool_pre_ping": False},
+            # DBOS flushes the NOTIFYs of its events and streams from a thread that wakes every
+            # 10 ms by default, busy or idle: most of an idle worker's CPU. Ledgerloop uses
+            # neither (its runs wait on DBOS.recv, notified by a trigger), so a slower flush
+            # costs it nothing; a user's own DBOS.set_event may be seen up to 0.25 s later.
+            "notification_coalesce_sec": NOTIFICATION_FLUSH_S,
             "log_level": os.environ.get("LEDGERLOOP_DBOS_LOG_LEVEL", "WARNING"),
         }
+
+
+#: How often DBOS flushes its coalesced event and stream notifications (see dbos_config).
+NOTIFICATION_FLUSH_S = 0.25
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -3,6 +3,7 @@ does not rely on polling (here the fallback poll is five minutes away)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,3 +48,22 @@ def test_runs_started_from_sql_are_dispatched_by_notify_in_batches(
     # left for other workers to share.
     assert dispatcher.claimed == RUNS + 4
     assert 1 <= dispatcher.largest_claim <= 5
+
+
+def test_an_idle_dispatcher_sleeps_until_the_fallback_yet_stops_at_once(
+    db_url: str, make_settings: Callable[..., Any], scripted_model: Any
+) -> None:
+    # It no longer wakes every half second to look for a stop (most of an idle worker's CPU
+    # after DBOS's own notifier): stop() wakes it on a channel of its own.
+    model = scripted_model("default: {turns: [{text: done}]}")
+    settings = make_settings(
+        anthropic_base_url=model.url, agent_modules="tests.support.agents", dispatch_fallback_s=300
+    )
+    with WorkerThread(settings, db_url) as worker:
+        assert worker.runtime is not None
+        dispatcher = worker.runtime.dispatcher
+        assert dispatcher is not None
+        time.sleep(1)  # into its wait for a notification
+        began = time.monotonic()
+        dispatcher.stop()
+        assert time.monotonic() - began < 5  # its join gives up after 10 s
