@@ -179,7 +179,8 @@ class Meter:
         assert end_lsn is not None
         queries = self.conn.execute(
             """
-            SELECT s.calls AS bench_meter, regexp_replace(left(s.query, 110), '\\s+', ' ', 'g')
+            SELECT s.calls AS bench_meter, s.mean_exec_time,
+                   regexp_replace(left(s.query, 100), '\\s+', ' ', 'g')
             FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
             WHERE d.datname = %s AND s.query NOT LIKE %s
               AND s.query NOT LIKE 'SELECT pg_stat_statements_reset%%'
@@ -187,8 +188,9 @@ class Meter:
             """,
             (self.dbname, f"%{self.MARK}%"),
         ).fetchall()
-        for calls, query in queries:
-            print(f"    {calls / runs:6.1f}  {query}")
+        print("    calls/run  mean ms  query")
+        for calls, mean_ms, query in queries:
+            print(f"    {calls / runs:9.1f}  {mean_ms:7.3f}  {query}")
         rels = self.conn.execute(
             """
             SELECT coalesce(c.relname, w.rel, w.resource_manager) AS bench_meter,
