@@ -9,18 +9,27 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.ledger import effect_list
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
+from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.processes import REPO, start_relay, stop_worker, worker_env
 from tests.conftest import start_test_run, wait_terminal
+from tests.support.telemetry import Captured, capture_telemetry
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    yield from capture_telemetry(CaptureMode.NO_CONTENT)
 
 
 def _steps(conn: Conn, run_id: uuid.UUID) -> list[str]:
@@ -35,6 +44,17 @@ def _steps(conn: Conn, run_id: uuid.UUID) -> list[str]:
 def _stats(tickets: TicketServiceThread) -> dict[str, Any]:
     stats: dict[str, Any] = httpx.get(f"{tickets.url}/_stats").json()
     return stats
+
+
+def _metric_sums(captured: Captured) -> dict[str, float]:
+    wanted = ("gen_ai.invoke_agent.inference_calls", "gen_ai.invoke_agent.tool_calls")
+    return {
+        metric.name: sum(point.sum for point in metric.data.data_points)  # type: ignore[union-attr]
+        for resource in captured.metrics.get_metrics_data().resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name in wanted
+    }
 
 
 def _tool_results(request: dict[str, Any]) -> list[dict[str, Any]]:
@@ -119,6 +139,7 @@ def test_a_write_that_does_not_settle_at_once_waits_then_thinks_again(
     worker: Any,
     tickets: TicketServiceThread,
     tmp_path: Path,
+    captured: Captured,
 ) -> None:
     """No relay runs yet, so think-1 records the write and ends there, without a model call;
     the run waits for the outcome durably. A relay started later delivers it; the run then
@@ -166,6 +187,11 @@ default:
     (effect,) = effect_list(conn, run_id=run_id)
     assert effect.status.value == "succeeded"
     assert _stats(tickets)["created"] == 1
+    # The run's agent metrics count the model calls made, not the think steps: two.
+    assert _metric_sums(captured) == {
+        "gen_ai.invoke_agent.inference_calls": 2,
+        "gen_ai.invoke_agent.tool_calls": 2,
+    }
 
 
 def test_a_write_that_may_need_an_approval_keeps_its_own_step(

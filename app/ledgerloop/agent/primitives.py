@@ -226,6 +226,7 @@ async def _think(
     reads: Message | None = None,
 ) -> dict[str, Any]:
     name = f"{run.scope}think-{i}{suffix}"
+    # Counted before the step: a step that ends the run reports the run's counts itself.
     tracing.count_call("inference")
     # Only the run's own agent moves the run (a scoped agent shares the run's status).
     replan = run.status != RunStatus.PLANNING.value and not run.scope
@@ -261,7 +262,10 @@ async def _think(
         run.messages,
         *extra,
     )
-    if replan and "pending" not in result:
+    if "pending" in result:
+        # It ended at a pending write and asked the model nothing (its `-settled` step does).
+        tracing.count_call("inference", -1)
+    elif replan:
         run.status = RunStatus.PLANNING.value
     return result
 

@@ -67,15 +67,16 @@ def record_hibernated(conn: Any, record: tuple[str, dict[str, Any]] | None) -> N
         run_execution_end(conn, uuid.UUID(record[0]), record[1])
 
 
-def count_call(kind: str) -> None:
-    """A journaled model or tool call of the run (workflow code: replays count too)."""
+def count_call(kind: str, n: int = 1) -> None:
+    """A journaled model or tool call of the run (workflow code: replays count too); `n`
+    -1 takes back one counted for a step that turned out to make none."""
     execution = current_execution()
     if execution is None:
         return
     if kind == "inference":
-        execution.inference_calls += 1
+        execution.inference_calls += n
     else:
-        execution.tool_calls += 1
+        execution.tool_calls += n
 
 
 def wait_replayed() -> bool:
