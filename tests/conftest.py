@@ -111,6 +111,17 @@ def start_test_run(conn: Conn, agent: str, message: str, **input_extra: Any) -> 
     return start_run(conn, agent=agent, input={"message": message, **input_extra})
 
 
+def journal_steps(conn: Conn, run_id: uuid.UUID) -> list[str]:
+    """The names of a run's journaled operations (its steps, DBOS's own records of its
+    waits), in the order the workflow made them."""
+    rows = conn.execute(
+        "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s "
+        "ORDER BY function_id",
+        (str(run_id),),
+    ).fetchall()
+    return [row["function_name"] for row in rows]
+
+
 def wait_terminal(conn: Conn, run_id: uuid.UUID, timeout: float = 30) -> Run:
     def done() -> Run | None:
         run = run_require(conn, run_id)

@@ -16,7 +16,7 @@ from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_events
 from ledgerloop.testing.worker import WorkerThread
 from ledgerloop.tools.payloads import payload_get
-from tests.conftest import start_test_run, wait_terminal
+from tests.conftest import journal_steps, start_test_run, wait_terminal
 from tests.support import agents as test_agents
 
 WorkerFactory = Callable[..., WorkerThread]
@@ -37,15 +37,6 @@ def worker(make_settings: Callable[..., Any], db_url: str) -> Iterator[WorkerFac
     yield start
     for thread in started:
         thread.stop()
-
-
-def _steps(conn: Conn, run_id: Any) -> list[str]:
-    rows = conn.execute(
-        "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s "
-        "ORDER BY function_id",
-        (str(run_id),),
-    ).fetchall()
-    return [r["function_name"] for r in rows]
 
 
 def _roles(conn: Conn, run_id: Any) -> list[str]:
@@ -82,7 +73,7 @@ def test_two_turn_run_with_a_read_tool(conn: Conn, scripted_model: Any, worker: 
     assert len(results) == 1
     assert "disk-full" in results[0]["content"]
     assert not results[0]["is_error"]
-    steps = _steps(conn, run_id)
+    steps = journal_steps(conn, run_id)
     # A read-tool turn is one step: its tool runs at the start of the next think step and
     # its result is journaled with that model call. Its messages reach memory with the
     # final save, and a read tool leaves the run's status alone. The answer's think step
@@ -162,7 +153,7 @@ def test_empty_turn_escalates_to_the_strong_tier_once(
     assert run.state["answer"] == "answered by the strong tier"
     assert run.state["empty_turns"] == 1
     assert [r["model"] for r in model.requests()] == ["cheap-model", "strong-model"]
-    assert "think-0-strong" in _steps(conn, run_id)
+    assert "think-0-strong" in journal_steps(conn, run_id)
 
 
 def test_empty_turn_on_the_strong_tier_fails_the_run(
@@ -194,7 +185,7 @@ def test_iteration_cap_ends_the_run(conn: Conn, scripted_model: Any, worker: Any
     assert len(model.requests()) == 3
     # The reads of turns 0 and 1 ran in the next think step; the last turn's, with no think
     # after it, in a step of their own, so the saved conversation ends with their results.
-    steps = _steps(conn, run.id)
+    steps = journal_steps(conn, run.id)
     assert [s.split("-toolu_")[0] for s in steps] == [
         "memory-load",
         "think-0",
@@ -220,7 +211,7 @@ def test_deadline_fails_the_run_with_the_reason(
     assert len(model.requests()) == 1
     # The turn's read would have run in the next think; with none coming, it runs in a step
     # of its own before the finish, so the saved conversation answers its tool_use.
-    steps = _steps(conn, run.id)
+    steps = journal_steps(conn, run.id)
     assert [s.split("-toolu_")[0] for s in steps] == ["memory-load", "think-0", "tool-0", "finish"]
     assert _roles(conn, run.id) == ["user", "assistant", "user"]
 

@@ -22,7 +22,7 @@ from ledgerloop.db.connect import Conn
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.worker import WorkerThread
-from tests.conftest import start_test_run
+from tests.conftest import journal_steps, start_test_run
 
 SCRIPT = """
 default:
@@ -33,13 +33,8 @@ default:
 
 
 def _steps(conn: Conn, run_id: uuid.UUID) -> list[str]:
-    rows = conn.execute(
-        "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s"
-        " ORDER BY function_id",
-        (str(run_id),),
-    ).fetchall()
     # DBOS's own records of the wait (its timeout, the message) are left out.
-    return [r["function_name"] for r in rows if not r["function_name"].startswith("DBOS.")]
+    return [name for name in journal_steps(conn, run_id) if not name.startswith("DBOS.")]
 
 
 class _Records(logging.Handler):

@@ -25,7 +25,7 @@ from ledgerloop.effects.testing import drain_outbox
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.store import Outcome, run_events, run_require
 from ledgerloop.testing.postgres import wait_until
-from tests.conftest import TICKET_SCRIPT, start_test_run, wait_terminal
+from tests.conftest import TICKET_SCRIPT, journal_steps, start_test_run, wait_terminal
 
 #: The ticket id a forged outcome claims (the ticket service numbers its own TCK-000001 on).
 FORGED_TICKET = "TCK-FORGED"
@@ -55,15 +55,6 @@ def forger(conn: Conn, db_url: str) -> Iterator[Callable[[str, Any, str], None]]
         yield send
     conn.execute(f'DROP OWNED BY "{role}"')  # type: ignore[arg-type]
     conn.execute(f'DROP ROLE "{role}"')  # type: ignore[arg-type]
-
-
-def _steps(conn: Conn, run_id: uuid.UUID) -> list[str]:
-    rows = conn.execute(
-        "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s "
-        "ORDER BY function_id",
-        (str(run_id),),
-    ).fetchall()
-    return [row["function_name"] for row in rows]
 
 
 def _created(tickets: TicketServiceThread) -> int:
@@ -117,7 +108,9 @@ def test_a_forged_approval_changes_nothing(
     )
     # The run woke and read the approval row (its check step is journaled) ...
     wait_until(
-        lambda: any(s.startswith("approve-0-") and s.endswith("-1") for s in _steps(conn, run_id)),
+        lambda: any(
+            s.startswith("approve-0-") and s.endswith("-1") for s in journal_steps(conn, run_id)
+        ),
         timeout=20,
     )
     # ... and, the row being pending, went back to waiting: nothing ran, nothing was recorded.
@@ -176,7 +169,7 @@ def test_a_forged_effect_outcome_changes_nothing(
     worker(model.url, relay=False)  # nobody delivers until the test does, after the forgery
     run_id = start_test_run(conn, "writer", "file it")
     # The write rides think-1, which ends at it: nothing delivers it yet.
-    wait_until(lambda: "think-1" in _steps(conn, run_id), timeout=20)
+    wait_until(lambda: "think-1" in journal_steps(conn, run_id), timeout=20)
     (effect,) = effect_list(conn, run_id=run_id)
 
     forger(
@@ -190,7 +183,9 @@ def test_a_forged_effect_outcome_changes_nothing(
         },
         effect.key,
     )
-    wait_until(lambda: any(s.startswith("outcome-0-") for s in _steps(conn, run_id)), timeout=20)
+    wait_until(
+        lambda: any(s.startswith("outcome-0-") for s in journal_steps(conn, run_id)), timeout=20
+    )
     # The run read the effect row: still pending, so it keeps waiting for the real outcome.
     assert run_require(conn, run_id).status.value == "executing"
     (after,) = effect_list(conn, run_id=run_id)

@@ -28,7 +28,7 @@ from ledgerloop.runs.store import run_require
 from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.telemetry.runtrace import parse_traceparent, root_span_id, run_trace_id
 from ledgerloop.testing.postgres import wait_until
-from tests.conftest import REPO, start_test_run, wait_terminal
+from tests.conftest import REPO, journal_steps, start_test_run, wait_terminal
 from tests.support.garbled_mcp import GarbledMcpServerThread
 from tests.support.telemetry import Captured, capture_telemetry
 
@@ -85,14 +85,6 @@ def http_server(url: str) -> dict[str, Any]:
     }
 
 
-def _steps(conn: Conn, run_id: uuid.UUID) -> list[str]:
-    rows = conn.execute(
-        "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s",
-        (str(run_id),),
-    ).fetchall()
-    return [row["function_name"] for row in rows]
-
-
 def _results(model: Any, request: int) -> list[dict[str, Any]]:
     last = model.requests()[request]["request"]["messages"][-1]
     return [b for b in last["content"] if b.get("type") == "tool_result"]
@@ -127,7 +119,7 @@ def test_http_write_through_the_outbox_then_read_inline_with_mcp_span_attributes
     # The model saw the MCP tools, as discovered once by this run.
     offered = {t["name"] for t in model.requests()[0]["request"]["tools"]}
     assert {"create_ticket", "search_tickets", "find_ticket_by_key"} <= offered
-    assert _steps(conn, run_id).count("mcp-discover") == 1
+    assert journal_steps(conn, run_id).count("mcp-discover") == 1
     # The write went through the outbox with the effect's key in _meta.
     (effect,) = effect_list(conn, run_id=run_id)
     assert effect.status.value == "succeeded"

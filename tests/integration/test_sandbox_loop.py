@@ -27,7 +27,7 @@ from ledgerloop.sandbox import SandboxHost
 from ledgerloop.sandbox.backends import processes_of_uid, sandbox_uid
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.tools.payloads import payload_get
-from tests.conftest import REPO, start_test_run, wait_terminal
+from tests.conftest import REPO, journal_steps, start_test_run, wait_terminal
 from tests.support.sandbox_checks import gvisor_containers, processes_naming
 
 POLICY = REPO / "tests" / "support" / "sandbox_policy.yaml"
@@ -54,15 +54,6 @@ def coder(worker: Any, sandbox_root: Path) -> Any:
         )
 
     return start
-
-
-def _steps(conn: Conn, run_id: uuid.UUID) -> list[str]:
-    rows = conn.execute(
-        "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s "
-        "ORDER BY function_id",
-        (str(run_id),),
-    ).fetchall()
-    return [row["function_name"] for row in rows]
 
 
 def _tool_results(model: Any, request: int = -1) -> list[dict[str, Any]]:
@@ -106,7 +97,7 @@ def test_run_code_runs_in_a_sandbox_as_steps_and_offloads_large_output(
     assert report["exit_code"] == 0
     assert report["stdout"].startswith("worst billing 08 1480")
     assert report["files"] == [{"name": "report.txt", "bytes": 14, "content": "worst p99 1480"}]
-    steps = _steps(conn, run_id)
+    steps = journal_steps(conn, run_id)
     call_id = model.requests()[-1]["request"]["messages"][1]["content"][0]["id"]
     for name in (f"sandbox-create-0-{call_id}", f"tool-0-{call_id}", "sandbox-destroy-0"):
         assert steps.count(name) == 1, steps
@@ -154,7 +145,7 @@ def test_a_run_waiting_for_approval_holds_no_sandbox(
     assert run.status is RunStatus.SUCCEEDED, run.state
     (restored,) = _tool_results(model)
     assert json.loads(restored["content"])["stdout"] == "before the wait\n"
-    steps = _steps(conn, run_id)
+    steps = journal_steps(conn, run_id)
     assert any(step.startswith("sandbox-save-1-") for step in steps), steps
     assert any(step.startswith("sandbox-restore-2-") for step in steps), steps
     assert host.ids() == []
@@ -218,7 +209,7 @@ def test_a_run_that_fails_destroys_its_sandbox(
     # The sandbox was live when the tool raised: its command had run in it.
     (made,) = _tool_results(model)
     assert json.loads(made["content"])["stdout"] == "made\n"
-    steps = _steps(conn, run_id)
+    steps = journal_steps(conn, run_id)
     call_id = model.requests()[1]["request"]["messages"][1]["content"][0]["id"]
     # The read tool of turn 1 runs inside think-2, the step that raised.
     failing = "think-2"

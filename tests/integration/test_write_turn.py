@@ -8,7 +8,6 @@ ran; the run's events, the effects and the ticket service show what happened out
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,22 +22,13 @@ from ledgerloop.runs.states import RunStatus
 from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.processes import REPO, start_relay, stop_worker, worker_env
-from tests.conftest import start_test_run, wait_terminal
+from tests.conftest import journal_steps, start_test_run, wait_terminal
 from tests.support.telemetry import Captured, capture_telemetry
 
 
 @pytest.fixture
 def captured() -> Iterator[Captured]:
     yield from capture_telemetry(CaptureMode.NO_CONTENT)
-
-
-def _steps(conn: Conn, run_id: uuid.UUID) -> list[str]:
-    rows = conn.execute(
-        "SELECT function_name FROM dbos.operation_outputs WHERE workflow_uuid = %s "
-        "ORDER BY function_id",
-        (str(run_id),),
-    ).fetchall()
-    return [row["function_name"] for row in rows]
 
 
 def _stats(tickets: TicketServiceThread) -> dict[str, Any]:
@@ -82,7 +72,7 @@ def test_a_turn_of_writes_and_reads_is_one_step(
     run = wait_terminal(conn, run_id)
     assert run.status is RunStatus.SUCCEEDED, run.state
     # No tool step, no durable wait: the writes, the read and the answer are think-1's.
-    assert _steps(conn, run_id) == ["memory-load", "think-0", "think-1"]
+    assert journal_steps(conn, run_id) == ["memory-load", "think-0", "think-1"]
     assert _stats(tickets)["created"] == 2
     effects = effect_list(conn, run_id=run_id)
     assert sorted(e.status.value for e in effects) == ["succeeded", "succeeded"]
@@ -128,8 +118,8 @@ def test_a_compensable_write_in_a_think_step_is_undone_when_the_run_fails(
     assert [c["status"] for c in run.state["compensations"]] == ["succeeded"]
     stats = _stats(tickets)
     assert (stats["created"], stats["closed"]) == (1, 1)
-    assert "think-1" in _steps(conn, run_id)
-    assert not any(s.startswith("tool-") for s in _steps(conn, run_id))
+    assert "think-1" in journal_steps(conn, run_id)
+    assert not any(s.startswith("tool-") for s in journal_steps(conn, run_id))
 
 
 def test_a_write_that_does_not_settle_at_once_waits_then_thinks_again(
@@ -157,7 +147,7 @@ default:
     )
     worker(model.url, relay=False)
     run_id = start_test_run(conn, "writer", "file once")
-    wait_until(lambda: "think-1" in _steps(conn, run_id), timeout=20)
+    wait_until(lambda: "think-1" in journal_steps(conn, run_id), timeout=20)
     assert [e.status.value for e in effect_list(conn, run_id=run_id)] == ["pending"]
     assert [r["turn"] for r in model.requests()] == [0]  # think-1 asked nothing yet
     env = worker_env(
@@ -172,7 +162,7 @@ default:
     finally:
         stop_worker(relay)
     assert run.status is RunStatus.SUCCEEDED, run.state
-    steps = _steps(conn, run_id)
+    steps = journal_steps(conn, run_id)
     assert steps[:3] == ["memory-load", "think-0", "think-1"], steps
     assert steps[-1] == "think-1-settled", steps
     requests = model.requests()
@@ -206,10 +196,10 @@ def test_a_write_that_may_need_an_approval_keeps_its_own_step(
     run_id = start_test_run(conn, "writer", "urgent")
 
     def asked() -> bool:
-        return any(s.startswith("approve-0-") for s in _steps(conn, run_id))
+        return any(s.startswith("approve-0-") for s in journal_steps(conn, run_id))
 
     wait_until(asked, timeout=20)
-    assert "think-1" not in _steps(conn, run_id)
+    assert "think-1" not in journal_steps(conn, run_id)
     assert _stats(tickets)["created"] == 0
 
 
@@ -239,7 +229,7 @@ def test_a_write_settled_by_someone_else_first_is_answered_with_the_rows_outcome
     )
     run = wait_terminal(conn, run_id)
     assert run.status is RunStatus.SUCCEEDED, run.state
-    assert _steps(conn, run_id)[-1] == "think-1-settled"
+    assert journal_steps(conn, run_id)[-1] == "think-1-settled"
     requests = model.requests()
     # think-1's model call (made with the downstream's answer) was dropped, and paid for.
     assert [r["turn"] for r in requests] == [0, 1, 1]
