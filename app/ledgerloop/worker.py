@@ -232,6 +232,7 @@ async def run_worker(
             runtime.fence,
             batch=settings.dispatch_batch,
             fallback_s=settings.dispatch_fallback_s,
+            peers=lambda: heartbeat.peers,
         )
         dispatcher.start()
         runtime.dispatcher = dispatcher

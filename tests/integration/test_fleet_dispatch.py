@@ -67,3 +67,35 @@ def test_an_idle_dispatcher_sleeps_until_the_fallback_yet_stops_at_once(
         began = time.monotonic()
         dispatcher.stop()
         assert time.monotonic() - began < 5  # its join gives up after 10 s
+
+
+def test_a_lone_worker_claims_a_burst_without_pausing_for_peers(
+    conn: Conn, db_url: str, make_settings: Callable[..., Any], scripted_model: Any
+) -> None:
+    # The pause after a full batch leaves the next one to a peer; alone, it only slowed a
+    # burst (1,000 runs started at 25 runs/s). The heartbeat counts the live peers.
+    model = scripted_model("default: {turns: [{text: done}]}")
+    settings = make_settings(
+        anthropic_base_url=model.url, agent_modules="tests.support.agents", stale_after_s=30
+    )
+    with WorkerThread(settings, db_url) as worker:
+        assert worker.runtime is not None
+        dispatcher = worker.runtime.dispatcher
+        assert dispatcher is not None
+        wait_until(lambda: dispatcher.peers() == 0, timeout=10)
+        assert dispatcher.pause_s() == 0
+        # A peer that heartbeats (its row is fresh): batches are left for it again.
+        conn.execute(
+            "INSERT INTO ledgerloop.executor (id, application_version, hostname, pid, lock_key) "
+            "VALUES ('peer-1', 'v', 'elsewhere', 1, 1)"
+        )
+        wait_until(lambda: dispatcher.peers() == 1, timeout=10)
+        assert dispatcher.pause_s() > 0
+        # Silent past the staleness limit, it no longer counts (before anyone judges it).
+        conn.execute(
+            "UPDATE ledgerloop.executor SET heartbeat_at = now() - interval '31 seconds' "
+            "WHERE id = 'peer-1'"
+        )
+        wait_until(lambda: dispatcher.peers() == 0, timeout=10)
+        assert dispatcher.pause_s() == 0
+        conn.execute("DELETE FROM ledgerloop.executor WHERE id = 'peer-1'")

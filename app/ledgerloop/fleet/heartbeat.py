@@ -147,6 +147,9 @@ class Heartbeat:
         self._ticks = 0
         #: Seconds from the last tick until a peer whose session is gone may be taken over.
         self._due_s: float | None = None
+        #: Live peers at the last tick (heartbeating within the staleness limit); until the
+        #: first tick, assume some: a burst is then shared as with peers.
+        self.peers = 1
         #: Called with each takeover this worker made (tests and benchmarks listen here).
         self.on_takeover: Callable[[Takeover], None] | None = None
 
@@ -297,6 +300,7 @@ class Heartbeat:
             },
         ).fetchall()
         mine, others = rows[0], rows[1:]
+        self.peers = int(mine["peers"])
         due = mine["due_s"]
         # A little past the moment, so the database's clock is past it too; never a busy loop
         # (a peer being taken over by another survivor right now stays due for a moment).

@@ -115,12 +115,20 @@ due AS (
     AND l.deadline >= now()
     AND e.heartbeat_at > %(session_since)s
     AND pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key)
+),
+-- Peers that heartbeat within the staleness limit: whether a burst has anyone to share it
+-- with (ledgerloop.fleet.dispatch). A handful of rows; no lock.
+peers AS (
+  SELECT count(*) AS n FROM ledgerloop.executor e
+  WHERE e.id <> %(id)s AND e.id NOT IN (SELECT id FROM dead)
+    AND e.heartbeat_at >= now() - make_interval(secs => %(stale_s)s)
 )
 SELECT %(id)s AS id, EXISTS (SELECT 1 FROM me) AS alive, NULL::text AS hostname,
-       NULL::float8 AS silent_s, 0::bigint AS runs, (SELECT due_s FROM due) AS due_s, 0 AS ord
+       NULL::float8 AS silent_s, 0::bigint AS runs, (SELECT due_s FROM due) AS due_s,
+       (SELECT n FROM peers) AS peers, 0 AS ord
 UNION ALL
 SELECT d.id, false, d.hostname, d.silent_s,
-       (SELECT count(*) FROM moved m WHERE m.executor_id = d.id), NULL, 1
+       (SELECT count(*) FROM moved m WHERE m.executor_id = d.id), NULL, NULL, 1
 FROM dead d
 ORDER BY ord
 
