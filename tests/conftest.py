@@ -16,7 +16,9 @@ from ledgerloop.models.script import parse_script
 from ledgerloop.models.scripted_server import ScriptedModelServer
 from ledgerloop.runs.states import TERMINAL
 from ledgerloop.runs.store import Run, run_require
+from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.testing.postgres import DatabaseFactory, PostgresServer, postgres_server, wait_until
+from tests.support.telemetry import Captured, capture_telemetry
 
 # A separate project with its own pytest configuration; tests/e2e/test_user_project.py runs it
 # the way its owner would.
@@ -103,6 +105,12 @@ default:
         input: {title: "db-1 disk full", body: "extend", priority: high}
     - text: "Filed."
 """
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    """Spans, metrics and logs of this test, content off (the default capture mode)."""
+    yield from capture_telemetry(CaptureMode.NO_CONTENT)
 
 
 def start_test_run(conn: Conn, agent: str, message: str, **input_extra: Any) -> uuid.UUID:

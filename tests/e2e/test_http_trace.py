@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import httpx
-import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from ledgerloop.db.connect import Conn
-from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.telemetry.runtrace import root_context, traceparent
 from tests.e2e.conftest import MakeToken, bearer
-from tests.support.telemetry import Captured, capture_telemetry
+from tests.support.telemetry import Captured
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-@pytest.fixture
-def captured() -> Iterator[Captured]:
-    yield from capture_telemetry(CaptureMode.NO_CONTENT)
 
 
 def test_post_runs_is_a_server_span_in_the_callers_trace_linked_to_the_run(

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ledgerloop.db.connect import Conn
+from ledgerloop.fleet.dispatch import Dispatcher
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.worker import WorkerThread
 from tests.conftest import start_test_run
@@ -22,17 +23,29 @@ def succeeded(conn: Conn) -> int:
     return int(row["n"]) if row else 0
 
 
+def _idle_worker(
+    db_url: str, make_settings: Callable[..., Any], scripted_model: Any, **settings: Any
+) -> WorkerThread:
+    """A worker of the test agents whose runs answer at once; `with` runs it."""
+    model = scripted_model("default: {turns: [{text: done}]}")
+    overrides = {"anthropic_base_url": model.url, "agent_modules": "tests.support.agents"}
+    return WorkerThread(make_settings(**overrides, **settings), db_url)
+
+
+def _dispatcher(worker: WorkerThread) -> Dispatcher:
+    assert worker.runtime is not None
+    dispatcher = worker.runtime.dispatcher
+    assert isinstance(dispatcher, Dispatcher)
+    return dispatcher
+
+
 def test_runs_started_from_sql_are_dispatched_by_notify_in_batches(
     conn: Conn, db_url: str, make_settings: Callable[..., Any], scripted_model: Any
 ) -> None:
-    model = scripted_model("default: {turns: [{text: done}]}")
-    settings = make_settings(
-        anthropic_base_url=model.url,
-        agent_modules="tests.support.agents",
-        dispatch_fallback_s=300,
-        dispatch_batch=5,
+    idle = _idle_worker(
+        db_url, make_settings, scripted_model, dispatch_fallback_s=300, dispatch_batch=5
     )
-    with WorkerThread(settings, db_url) as worker:
+    with idle as worker:
         # One at a time, each in its own transaction, then a burst in one transaction.
         for i in range(4):
             start_test_run(conn, "ops", f"one {i}")
@@ -41,9 +54,7 @@ def test_runs_started_from_sql_are_dispatched_by_notify_in_batches(
             for i in range(RUNS):
                 start_test_run(conn, "ops", f"burst {i}")
         wait_until(lambda: succeeded(conn) == RUNS + 4, timeout=60)
-        assert worker.runtime is not None
-        dispatcher = worker.runtime.dispatcher
-        assert dispatcher is not None
+        dispatcher = _dispatcher(worker)
     # The dispatcher claimed every run, and no claim took more than a batch, so the burst was
     # left for other workers to share.
     assert dispatcher.claimed == RUNS + 4
@@ -55,14 +66,8 @@ def test_an_idle_dispatcher_sleeps_until_the_fallback_yet_stops_at_once(
 ) -> None:
     # It no longer wakes every half second to look for a stop (most of an idle worker's CPU
     # after DBOS's own notifier): stop() wakes it on a channel of its own.
-    model = scripted_model("default: {turns: [{text: done}]}")
-    settings = make_settings(
-        anthropic_base_url=model.url, agent_modules="tests.support.agents", dispatch_fallback_s=300
-    )
-    with WorkerThread(settings, db_url) as worker:
-        assert worker.runtime is not None
-        dispatcher = worker.runtime.dispatcher
-        assert dispatcher is not None
+    with _idle_worker(db_url, make_settings, scripted_model, dispatch_fallback_s=300) as worker:
+        dispatcher = _dispatcher(worker)
         time.sleep(1)  # into its wait for a notification
         began = time.monotonic()
         dispatcher.stop()
@@ -74,14 +79,8 @@ def test_a_lone_worker_claims_a_burst_without_pausing_for_peers(
 ) -> None:
     # The pause after a full batch leaves the next one to a peer; alone, it only slowed a
     # burst (1,000 runs started at 25 runs/s). The heartbeat counts the live peers.
-    model = scripted_model("default: {turns: [{text: done}]}")
-    settings = make_settings(
-        anthropic_base_url=model.url, agent_modules="tests.support.agents", stale_after_s=30
-    )
-    with WorkerThread(settings, db_url) as worker:
-        assert worker.runtime is not None
-        dispatcher = worker.runtime.dispatcher
-        assert dispatcher is not None
+    with _idle_worker(db_url, make_settings, scripted_model, stale_after_s=30) as worker:
+        dispatcher = _dispatcher(worker)
         wait_until(lambda: dispatcher.peers() == 0, timeout=10)
         assert dispatcher.pause_s() == 0
         # A peer that heartbeats (its row is fresh): batches are left for it again.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +27,12 @@ from ledgerloop.db.connect import Conn
 from ledgerloop.effects.ledger import effect_list
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
-from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.telemetry.runtrace import root_span_id
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.processes import start_relay, stop_worker, worker_env
 from ledgerloop.testing.worker import WorkerThread
 from tests.conftest import REPO, start_test_run, wait_terminal
-from tests.support.telemetry import Captured, capture_telemetry
+from tests.support.telemetry import Captured
 
 HIBERNATE_AFTER_S = 0.3
 
@@ -260,11 +259,6 @@ def test_runs_a_stopped_worker_was_executing_go_to_the_next_worker(
     assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
     assert _stats(tickets)["created"] == 1
     assert len(model.requests()) == 2
-
-
-@pytest.fixture
-def captured() -> Iterator[Captured]:
-    yield from capture_telemetry(CaptureMode.NO_CONTENT)
 
 
 def test_a_hibernated_run_is_one_trace_with_its_approval_wait_and_delivery(

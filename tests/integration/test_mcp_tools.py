@@ -25,19 +25,13 @@ from ledgerloop.examples.mcp_ticket_server import META_IDEMPOTENCY_KEY, McpTicke
 from ledgerloop.mcptools.client import META_IDEMPOTENCY_KEY as CLIENT_META_KEY
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_require
-from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.telemetry.runtrace import parse_traceparent, root_span_id, run_trace_id
 from ledgerloop.testing.postgres import wait_until
 from tests.conftest import REPO, journal_steps, start_test_run, wait_terminal
 from tests.support.garbled_mcp import GarbledMcpServerThread
-from tests.support.telemetry import Captured, capture_telemetry
+from tests.support.telemetry import Captured
 
 AGENTS = "tests.support.mcp_agents"
-
-
-@pytest.fixture
-def captured() -> Iterator[Captured]:
-    yield from capture_telemetry(CaptureMode.NO_CONTENT)
 
 
 @pytest.fixture

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 
 from ledgerloop.approvals.store import approval_list
 from ledgerloop.control.sweeper import Verdict, run_settle
@@ -16,18 +14,12 @@ from ledgerloop.effects.ledger import effect_list, effect_require
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_create, run_events, run_require, run_transition
-from ledgerloop.telemetry import CaptureMode
 from ledgerloop.testing.postgres import wait_until
 from tests.conftest import start_test_run
-from tests.support.telemetry import Captured, capture_telemetry
+from tests.support.telemetry import Captured
 
 SLOW_FIRST_TURN = "default: {turns: [{text: done, delay_ms: 4000}]}"
 FAST = {"sweep_interval_s": 0.1, "sweep_min_age_s": 0.0, "sweep_deadline_grace_s": 0.0}
-
-
-@pytest.fixture
-def captured() -> Iterator[Captured]:
-    yield from capture_telemetry(CaptureMode.NO_CONTENT)
 
 
 def _swept(captured: Captured) -> dict[str, int]:

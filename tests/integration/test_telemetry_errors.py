@@ -6,11 +6,9 @@ worker with its relay and reconciler, the real ticket service)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -18,15 +16,9 @@ from ledgerloop.db.connect import Conn
 from ledgerloop.effects.ledger import effect_list, effect_resolve
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
-from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.testing.postgres import wait_until
 from tests.conftest import start_test_run, wait_terminal
-from tests.support.telemetry import Captured, capture_telemetry
-
-
-@pytest.fixture
-def captured() -> Iterator[Captured]:
-    yield from capture_telemetry(CaptureMode.NO_CONTENT)
+from tests.support.telemetry import Captured
 
 
 def _error_type(span: ReadableSpan) -> Any:

@@ -28,11 +28,6 @@ default:
 
 
 @pytest.fixture
-def captured() -> Iterator[Captured]:
-    yield from capture_telemetry(CaptureMode.NO_CONTENT)
-
-
-@pytest.fixture
 def captured_with_content() -> Iterator[Captured]:
     yield from capture_telemetry(CaptureMode.EVENT_ONLY)
 

@@ -8,27 +8,19 @@ ran; the run's events, the effects and the ticket service show what happened out
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.ledger import effect_list
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
-from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.processes import REPO, start_relay, stop_worker, worker_env
 from tests.conftest import journal_steps, start_test_run, wait_terminal
-from tests.support.telemetry import Captured, capture_telemetry
-
-
-@pytest.fixture
-def captured() -> Iterator[Captured]:
-    yield from capture_telemetry(CaptureMode.NO_CONTENT)
+from tests.support.telemetry import Captured
 
 
 def _stats(tickets: TicketServiceThread) -> dict[str, Any]:
