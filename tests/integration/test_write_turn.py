@@ -91,6 +91,25 @@ def test_a_turn_of_writes_and_reads_is_one_step(
     assert executing == [f"tool-0-{calls[0]}", f"tool-0-{calls[2]}"]
     tail = [kind for kind, _ in events][-3:]
     assert tail == ["executing", "planning", "succeeded"], events
+    assert ("planning", "think-1") in events
+    # The move back to planning committed with the last write's outcome (one transaction,
+    # one xid), not in a commit of its own; the first write's outcome moved nothing.
+    xids = {
+        row["idempotency_key"]: row["xid"]
+        for row in conn.execute(
+            "SELECT idempotency_key, xmin::text AS xid FROM ledgerloop.activity_effect "
+            "WHERE run_id = %s",
+            (run_id,),
+        )
+    }
+    planned = conn.execute(
+        "SELECT xmin::text AS xid FROM ledgerloop.agent_run_event "
+        "WHERE run_id = %s AND step = 'think-1'",
+        (run_id,),
+    ).fetchone()
+    assert planned is not None
+    assert planned["xid"] == xids[f"{run_id}:{calls[2]}"]
+    assert planned["xid"] != xids[f"{run_id}:{calls[0]}"]
 
 
 def test_a_compensable_write_in_a_think_step_is_undone_when_the_run_fails(

@@ -7,7 +7,8 @@ order, each write recorded with its outbox row and the run's move to executing i
 run event, span and idempotency key are those a step of its own would have had), and
 delivered by this worker's relay at once. When every write settles, the run moves back to
 planning and the model is called, all in the one step: the write's checkpoint and its step's
-journal check are gone from the turn.
+journal check are gone from the turn. The move back rides in the last write's outcome record
+(the relay's one statement), so it costs the turn no commit of its own.
 
 When a write does not settle at once (the downstream is slow, its outcome is unknown, the
 relay runs elsewhere), the step ends there, before the model call, and says which call is
@@ -29,6 +30,7 @@ from typing import Any
 
 from ledgerloop.agent import steps, write_steps
 from ledgerloop.faults import hit
+from ledgerloop.runs.states import RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +58,18 @@ async def think_after_tools(
     """
     tenant_id: str = turn["tenant_id"]
     writes: dict[str, str] = turn["writes"]
+    calls = [c for c in turn["message"]["content"] if c.get("type") == "tool_use"]
+    # The run moves back to planning once the turn's writes settled. The last write's own
+    # record does it (no commit of its own), unless this step moves anyway (`replan`: it
+    # came back from an earlier wait) or the agent does not move the run (scoped).
+    moves = bool(turn.get("moves", True))
+    last_write = next((str(c["id"]) for c in reversed(calls) if str(c["id"]) in writes), None)
+    carried: asyncio.Future[bool] | None = None  # the record that carries the move
     results: list[dict[str, Any]] = []
     recorded_writes: list[dict[str, Any]] = []
     # The records of outcomes this worker sent, still being written while the model is asked.
     records: list[tuple[int, asyncio.Future[bool]]] = []
-    for call in turn["message"]["content"]:
-        if call.get("type") != "tool_use":
-            continue
+    for call in calls:
         call_id = str(call["id"])
         tool_name = writes.get(call_id)
         if tool_name is None:
@@ -70,8 +77,15 @@ async def think_after_tools(
                 await steps.run_read_tool(run_id, tenant_id, step_name, agent_name, call)
             )
             continue
+        carries = moves and not replan and call_id == last_write
         recorded, record = await write_steps.record_and_send(
-            run_id, tenant_id, f"{turn['tool_step']}{call_id}", agent_name, tool_name, call
+            run_id,
+            tenant_id,
+            f"{turn['tool_step']}{call_id}",
+            agent_name,
+            tool_name,
+            call,
+            replan_step=step_name if carries else None,
         )
         if "result" in recorded:  # refused before anything was recorded (bad arguments)
             results.append(recorded["result"])
@@ -89,19 +103,18 @@ async def think_after_tools(
             }
         if record is not None:
             records.append((len(results), record))
+            if carries:
+                carried = record
         recorded_writes.append(written)
         results.append(write_steps.settled_result(call_id, recorded["outcome"]))
     hit("think.after_tools")
     turn_messages = [turn["message"], {"role": "user", "content": results}]
+    # Back to planning once the writes settled: the run moved to executing with each. This
+    # step moves it itself unless the last write's record does (no record to carry it: the
+    # effect was found already recorded, on a repeat of this step, or another relay sends).
+    moving = replan or (bool(recorded_writes) and moves and carried is None)
     thought = await steps.think(
-        run_id,
-        step_name,
-        agent_name,
-        tier,
-        [*messages, *turn_messages],
-        mcp_tools,
-        # Back to planning once the writes settled: the run moved to executing with each.
-        replan or (bool(recorded_writes) and turn.get("moves", True)),
+        run_id, step_name, agent_name, tier, [*messages, *turn_messages], mcp_tools, moving
     )
     # The model was asked while the outcomes were being recorded; nothing durable is made of
     # them (the answer's save, this step's checkpoint) before they are.
@@ -110,6 +123,11 @@ async def think_after_tools(
             lost = await _lost_record(recorded_writes, results, index)
             if lost is not None:
                 return lost
+            if record is carried:
+                # Someone else recorded the same outcome first; the move is still this step's.
+                await asyncio.to_thread(
+                    steps.transition, run_id, RunStatus.PLANNING.value, "planning", {}, step_name
+                )
     result = {**thought, "reads": results, "writes": recorded_writes}
     answered = "response" in result and steps.answer_text(result["response"]) is not None
     if save is not None and answered:

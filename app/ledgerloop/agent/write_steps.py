@@ -289,15 +289,31 @@ async def record_effect(
 
 
 async def record_and_send(
-    run_id: str, tenant_id: str, step_name: str, agent_name: str, tool_name: str, call: Any
+    run_id: str,
+    tenant_id: str,
+    step_name: str,
+    agent_name: str,
+    tool_name: str,
+    call: Any,
+    replan_step: str | None = None,
 ) -> tuple[dict[str, Any], asyncio.Future[bool] | None]:
     """`record_effect` for a step that has more to do (agent.turn_tools): a settled outcome
     from this worker's own delivery comes back as soon as the downstream answered, with the
     future of its record (the relay's `send_now`). Await it before anything durable is made
     of the outcome; False: someone else settled the effect first (`read_effect` says how).
-    No future: the result is what the row says, as for `record_effect`."""
+    No future: the result is what the row says, as for `record_effect`.
+
+    `replan_step`: the record of a settled outcome moves the run back to planning under
+    that step's name (`Claimed.replan_step`); True from the future says it did."""
     return await _record_effect(
-        run_id, tenant_id, step_name, agent_name, tool_name, call, defer=True
+        run_id,
+        tenant_id,
+        step_name,
+        agent_name,
+        tool_name,
+        call,
+        defer=True,
+        replan_step=replan_step,
     )
 
 
@@ -318,6 +334,7 @@ async def _record_effect(
     mcp_definition: dict[str, Any] | None = None,
     *,
     defer: bool = False,
+    replan_step: str | None = None,
 ) -> tuple[dict[str, Any], asyncio.Future[bool] | None]:
     rt = get_runtime()
     tool = _tool(agent_name, tool_name, mcp_definition)
@@ -398,7 +415,7 @@ async def _record_effect(
             recorded = {**_recorded(effect), "compensable": _compensate_path(tool) is not None}
             if claim is None:
                 return recorded, None
-            return recorded, Claimed.at_insert(effect, claim, delivery.to_json())
+            return recorded, Claimed.at_insert(effect, claim, delivery.to_json(), replan_step)
 
         # Watch from before the commit: the outcome may be recorded before we look.
         with dbos_waiters.watch(run_id, key) as watch:

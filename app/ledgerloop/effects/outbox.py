@@ -49,12 +49,22 @@ class Claimed:
     effect_attempts: int
     compensates: str | None
     claimed_at: float
+    #: The act step under whose name the run moves back to planning when this attempt's
+    #: outcome settles the effect (the last write of a turn sent by its own step), in the
+    #: outcome's own record (outbox_record). None: the record moves nothing.
+    replan_step: str | None = None
 
     def deadline_left_s(self) -> float:
         return self.deadline_in_s - (time.monotonic() - self.claimed_at)
 
     @classmethod
-    def at_insert(cls, effect: Effect, claim: Claim, request: dict[str, Any]) -> Claimed:
+    def at_insert(
+        cls,
+        effect: Effect,
+        claim: Claim,
+        request: dict[str, Any],
+        replan_step: str | None = None,
+    ) -> Claimed:
         """The row an act step recorded claimed (`effect_begin_claimed`): its first attempt."""
         return cls(
             outbox_id=claim.outbox_id,
@@ -66,6 +76,7 @@ class Claimed:
             effect_attempts=effect.attempts,
             compensates=effect.compensates,
             claimed_at=time.monotonic(),
+            replan_step=replan_step,
         )
 
 
@@ -98,6 +109,7 @@ class Outcome:
             "evidence": self.evidence,
             "lease_s": self.lease_s,
             "retry_in_s": self.retry_in_s,
+            "replan_step": self.claimed.replan_step,
         }
 
 

@@ -243,13 +243,17 @@ WHERE id = ANY(%(ids)s)
 
 -- name: outbox_record
 -- The relay's outcomes, many at once: record each on its effect (only if this relay's attempt
--- still owns it) and close or reschedule its outbox row, in one transaction.
+-- still owns it) and close or reschedule its outbox row, in one transaction. An outcome with
+-- a `replan_step` (a write its own act step sent, the last of its turn) that settles the
+-- effect also moves the run from executing back to planning, with the event recorded under
+-- that step's name exactly as the step's own move would have (run_advance): the turn then
+-- has no commit of its own for the move. A lost attempt moves nothing.
 WITH outcome AS (
   SELECT *
   FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS x(
     outbox_id bigint, key text, attempt int, status text, outbox_status text,
     external_reference text, result jsonb, error text, evidence jsonb,
-    lease_s float8, retry_in_s float8)
+    lease_s float8, retry_in_s float8, replan_step text)
 ), effect AS (
   UPDATE ledgerloop.activity_effect e
   SET status = outcome.status,
@@ -265,7 +269,27 @@ WITH outcome AS (
   WHERE e.idempotency_key = outcome.key
     AND e.status = 'started'
     AND e.attempts = outcome.attempt
-  RETURNING e.idempotency_key
+  RETURNING e.idempotency_key, e.run_id
+), replanned AS (
+  -- Only from executing: a run cancelled meanwhile stays cancelled (its act step finds out
+  -- at its next move), and a step whose event is already recorded moves nothing again.
+  UPDATE ledgerloop.agent_run r
+  SET status = 'planning', version = r.version + 1, updated_at = now()
+  FROM outcome
+  JOIN effect ON effect.idempotency_key = outcome.key
+  WHERE outcome.replan_step IS NOT NULL
+    AND outcome.status IN ('succeeded', 'failed')
+    AND r.id = effect.run_id
+    AND r.status = 'executing'
+    AND NOT EXISTS (
+      SELECT 1 FROM ledgerloop.agent_run_event ev
+      WHERE ev.run_id = r.id AND ev.step = outcome.replan_step
+    )
+  RETURNING r.id, r.tenant_id, r.version, outcome.replan_step
+), replan_event AS (
+  INSERT INTO ledgerloop.agent_run_event (run_id, tenant_id, sequence, event_type, payload, step)
+  SELECT id, tenant_id, version, 'planning', '{}'::jsonb, replan_step FROM replanned
+  ON CONFLICT (run_id, step) WHERE step IS NOT NULL DO NOTHING
 )
 UPDATE ledgerloop.outbox o
 SET status = outcome.outbox_status,

@@ -322,6 +322,10 @@ class Relay:
             recorded.add_done_callback(lambda _: self._sent_recorded(outcome))
             self._outcomes.put_nowait(outcome)
             handed = True  # the delivery is under way until its record (_sent_recorded)
+            # Let the recorder send its statement before the caller goes on: the record then
+            # runs in Postgres while the caller works (a model call's request is built in
+            # Python for about a millisecond before its first await).
+            await asyncio.sleep(0)
             return outcome, recorded
         finally:
             if not handed:
