@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from ledgerloop.agent.definition import EXAMPLE_AGENT_MODULE
 from ledgerloop.config import Settings, load_settings
 from ledgerloop.models.script import Script, parse_script
 from ledgerloop.models.scripted_server import ScriptedModelServer
 from ledgerloop.runtime import Runtime
-from ledgerloop.testing.postgres import DatabaseFactory, postgres_server
+from ledgerloop.testing.postgres import DatabaseFactory, postgres_server, wait_until
 from ledgerloop.testing.worker import WorkerThread
 from ledgerloop.worker import WorkerOptions
 
@@ -41,6 +46,57 @@ def scripted(text: str) -> Iterator[ScriptedModelServer]:
     script: Script = parse_script(text)
     with ScriptedModelServer(script) as server:
         yield server
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
+    """Until `url` answers 200 (a service `proc` started); fails at once if `proc` exits."""
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        try:
+            return httpx.get(url).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=30)
+
+
+@dataclass(frozen=True)
+class ModelProcess:
+    url: str
+
+
+@contextmanager
+def scripted_process(text: str) -> Iterator[ModelProcess]:
+    """The scripted model in a process of its own, as a real model service is: its work does
+    not compete with the worker's for the worker's interpreter lock."""
+    from ledgerloop.db.cluster import free_port
+
+    parse_script(text)  # a bad script fails here, with the parser's message
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "script.yaml"
+        path.write_text(text)
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ledgerloop.models.scripted_server",
+                "--script",
+                str(path),
+                "--port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_http(f"{url}/_requests", proc)
+            yield ModelProcess(url)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 @contextmanager

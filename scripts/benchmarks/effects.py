@@ -41,6 +41,7 @@ from scripts.benchmarks.common import (
     scripted,
     settings_for,
     timed,
+    wait_http,
 )
 
 ACTS = 15
@@ -59,14 +60,7 @@ def ticket_service() -> tuple[subprocess.Popen[bytes], str]:
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/healthz").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=30)
+    wait_http(f"{url}/healthz", proc)
     return proc, url
 
 

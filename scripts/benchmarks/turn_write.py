@@ -7,7 +7,7 @@ the answer. A turn costs its run less the answer-only run; the write turn's down
 (the same POST to the same ticket service from a keep-alive client, timed in the same rounds)
 is left out too. Target: a write-tool turn <= 1.5x a read-tool turn (also reported as the
 median of the same ratio taken within each round). Database work per run is read from
-Postgres as in `turn`. BENCH_TURN_WRITE_ROUNDS, BENCH_TURN_WRITE_RUNS.
+Postgres as in `turn`. BENCH_TURN_WRITE_ROUNDS, BENCH_TURN_WRITE_RUNS, BENCH_TURN_WRITE_MODEL.
 """
 
 from __future__ import annotations
@@ -26,12 +26,21 @@ from ledgerloop.agent.definition import Agent, register_agent
 from ledgerloop.runtime import Runtime
 from ledgerloop.services import relay_service
 from ledgerloop.tools.registry import HttpEffect, ToolContext, read_tool, write_tool
-from scripts.benchmarks.common import policy_file, run_in_worker, scripted, settings_for
+from scripts.benchmarks.common import (
+    policy_file,
+    run_in_worker,
+    scripted,
+    scripted_process,
+    settings_for,
+)
 from scripts.benchmarks.effects import ticket_service
 from scripts.benchmarks.turn import Cost, Meter, _metered_cluster, _run_ledgerloop
 
 ROUNDS = int(os.environ.get("BENCH_TURN_WRITE_ROUNDS", "15"))
 RUNS = int(os.environ.get("BENCH_TURN_WRITE_RUNS", "10"))
+#: "thread": the scripted model on a thread of the worker's process (as in `turn`); "process":
+#: in a process of its own, as a real model service is.
+MODEL = os.environ.get("BENCH_TURN_WRITE_MODEL", "thread")
 TICKET = {"title": "disk full on db-1", "body": "clean up /var/log", "priority": "normal"}
 
 SCRIPT = f"""
@@ -97,7 +106,7 @@ def main() -> None:
     try:
         with (
             _metered_cluster() as url,
-            scripted(SCRIPT) as model,
+            scripted_process(SCRIPT) if MODEL == "process" else scripted(SCRIPT) as model,
             policy_file(POLICY) as policy,
         ):
             meter = Meter(url)

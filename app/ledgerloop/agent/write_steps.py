@@ -29,10 +29,11 @@ from pydantic import BaseModel, ValidationError
 from ledgerloop.agent import dbos_waiters
 from ledgerloop.agent.act_mcp import as_tool, mcp_call_facts
 from ledgerloop.agent.definition import get_agent
+from ledgerloop.agent.effect_record import NotGranted, not_granted, record_claimed_write
 from ledgerloop.agent.stepping import db_call
 from ledgerloop.agent.steps import tool_result
 from ledgerloop.approvals.preview import render_preview
-from ledgerloop.approvals.records import Approval, ApprovalStatus
+from ledgerloop.approvals.records import ApprovalStatus
 from ledgerloop.approvals.store import approval_check, approval_get, approval_request
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.hashing import idempotency_key, request_hash
@@ -40,7 +41,6 @@ from ledgerloop.effects.ledger import (
     Claim,
     Effect,
     effect_begin,
-    effect_begin_claimed,
     effect_require,
 )
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus
@@ -257,19 +257,6 @@ def check_approval(run_id: str, approval_id: str, action_hash: str) -> dict[str,
     return verdict
 
 
-def not_granted(approval: Approval | None, action_hash: str) -> str | None:
-    """Why `approval` does not let `action_hash` run, or None when it does."""
-    if approval is None:
-        return "the approval does not exist"
-    if approval.status is not ApprovalStatus.APPROVED:
-        return f"approval {approval.id} is {approval.status.value}, not approved"
-    if approval.decided_by_principal is None or approval.auth_role is None:
-        return f"approval {approval.id} has no authenticated decider"
-    if approval.action_hash != action_hash:
-        return f"approval {approval.id} covers the action {approval.action_hash}, not {action_hash}"
-    return None
-
-
 async def record_effect(
     run_id: str,
     tenant_id: str,
@@ -380,46 +367,61 @@ async def _record_effect(
         # This worker's relay, when it runs one on this loop: it sends the effect now.
         deliverer = _deliverer()
 
-        def record(conn: Conn) -> tuple[dict[str, Any], Claimed | None]:
+        facts: dict[str, Any] = {
+            "key": key,
+            "run_id": uuid.UUID(run_id),
+            "tenant_id": uuid.UUID(tenant_id),
+            "tool": tool_name,
+            "request_hash": action_hash,
+            "destination": tool.effect.destination,
+            "request": delivery,
+        }
+        moved = {"tool_call_id": call_id, "idempotency_key": key}
+
+        def with_claim(
+            effect: Effect, claim: Claim | None
+        ) -> tuple[dict[str, Any], Claimed | None]:
+            recorded = {**_recorded(effect), "compensable": _compensate_path(tool) is not None}
+            if claim is None:
+                return recorded, None
+            return recorded, Claimed.at_insert(effect, claim, delivery.to_json(), replan_step)
+
+        async def record() -> tuple[dict[str, Any], Claimed | None]:
+            if deliverer is not None:
+                # One statement on the relay's own loop (agent.effect_record).
+                try:
+                    effect, claim = await record_claimed_write(
+                        deliverer,
+                        rt.pool,
+                        step=step_name,
+                        payload=moved,
+                        approval_id=uuid.UUID(approval_id) if approval_id else None,
+                        **facts,
+                    )
+                except NotGranted as refused:
+                    return {"refused": refused.problem}, None
+                return with_claim(effect, claim)
+            # A relay elsewhere delivers: the rows are born pending, for its claim.
+            pending: tuple[dict[str, Any], Claimed | None] = await db_call(record_pending)
+            return pending
+
+        def record_pending(conn: Conn) -> tuple[dict[str, Any], Claimed | None]:
             # The effect, its outbox row and the run's move to executing commit together,
             # and only after this transaction has read the approval that allows them.
-            claim: Claim | None = None
             with conn.transaction():
                 if approval_id is not None:
                     problem = not_granted(approval_get(conn, uuid.UUID(approval_id)), action_hash)
                     if problem is not None:
                         return {"refused": problem}, None
                 run_ensure_status(
-                    conn,
-                    uuid.UUID(run_id),
-                    RunStatus.EXECUTING,
-                    "executing",
-                    {"tool_call_id": call_id, "idempotency_key": key},
-                    step=step_name,
+                    conn, uuid.UUID(run_id), RunStatus.EXECUTING, "executing", moved, step=step_name
                 )
-                facts: dict[str, Any] = {
-                    "key": key,
-                    "run_id": uuid.UUID(run_id),
-                    "tenant_id": uuid.UUID(tenant_id),
-                    "tool": tool_name,
-                    "request_hash": action_hash,
-                    "destination": tool.effect.destination,  # type: ignore[union-attr]
-                    "request": delivery,
-                }
-                if deliverer is None:
-                    effect = effect_begin(conn, **facts)
-                else:
-                    effect, claim = effect_begin_claimed(
-                        conn, **facts, lease_margin_s=deliverer.lease_margin_s
-                    )
-            recorded = {**_recorded(effect), "compensable": _compensate_path(tool) is not None}
-            if claim is None:
-                return recorded, None
-            return recorded, Claimed.at_insert(effect, claim, delivery.to_json(), replan_step)
+                effect = effect_begin(conn, **facts)
+            return with_claim(effect, None)
 
         # Watch from before the commit: the outcome may be recorded before we look.
         with dbos_waiters.watch(run_id, key) as watch:
-            answer: tuple[dict[str, Any], Claimed | None] = await db_call(record)
+            answer = await record()
             recorded, claimed = answer
             if "refused" in recorded:
                 span.record_error("ApprovalMismatch", "the approval does not cover this action")

@@ -114,49 +114,54 @@ class Claim:
     deadline_in_s: float
 
 
-def effect_begin_claimed(
-    conn: Conn, *, lease_margin_s: float, **facts: Any
-) -> tuple[Effect, Claim | None]:
-    """`effect_begin` (same facts, no compensation) for a recorder that sends the effect
-    itself: a new effect is born `started`, its outbox row claimed (attempt 1, leased for
-    the request's timeout plus `lease_margin_s`), and the claim is returned with it. An
-    existing key returns the existing effect and no claim: whoever holds it delivers it."""
-    return _begin(conn, "effect_insert_claimed", {**facts, "compensates": None}, lease_margin_s)
+def _begin(conn: Conn, query: str, facts: dict[str, Any]) -> tuple[Effect, Claim | None]:
+    """Run `query` (effect_insert) with `effect_begin`'s facts."""
+    params = effect_insert_params(facts)
+    # Inside the caller's transaction (the act step's), a savepoint would only add two round
+    # trips: any error here aborts that whole transaction anyway.
+    in_transaction = conn.info.transaction_status is not TransactionStatus.IDLE
+    with nullcontext() if in_transaction else conn.transaction():
+        row = conn.execute(Q[query], params).fetchone()
+        return effect_inserted(conn, row, facts)
 
 
-def _begin(
-    conn: Conn, query: str, facts: dict[str, Any], lease_margin_s: float | None = None
-) -> tuple[Effect, Claim | None]:
-    """Run `query` (effect_insert or effect_insert_claimed) with `effect_begin`'s facts."""
+def effect_insert_params(
+    facts: dict[str, Any], lease_margin_s: float | None = None
+) -> dict[str, Any]:
+    """The parameters of an effect insert (effect_insert, or a statement that embeds one,
+    such as an act step's claimed record) from `effect_begin`'s facts; checks a
+    compensation's key. `lease_margin_s`: for a row born claimed."""
     key: str = facts["key"]
     compensates: str | None = facts["compensates"]
-    request_hash: str = facts["request_hash"]
     delivery = DeliveryRequest.from_json(facts["request"])
     if compensates is not None and key != compensates + COMPENSATION_SUFFIX:
         raise InvalidCompensation(
             f"a compensation of {compensates!r} must have the key "
             f"{compensates + COMPENSATION_SUFFIX!r}, not {key!r}"
         )
-    # Inside the caller's transaction (the act step's), a savepoint would only add two round
-    # trips: any error here aborts that whole transaction anyway.
-    in_transaction = conn.info.transaction_status is not TransactionStatus.IDLE
-    with nullcontext() if in_transaction else conn.transaction():
-        row = conn.execute(
-            Q[query],
-            {
-                **facts,
-                "request": Jsonb(delivery.to_json()),
-                "deadline_s": delivery.deadline_s,
-                "timeout_ms": delivery.timeout_ms,
-                "lease_margin_s": lease_margin_s,
-            },
-        ).fetchone()
-        if row is not None:
-            claim = None
-            if "deadline_in_s" in row:
-                claim = Claim(outbox_id=row["outbox_id"], deadline_in_s=row["deadline_in_s"])
-            return Effect.from_row(row), claim
-        existing = effect_get(conn, key)
+    return {
+        **facts,
+        "request": Jsonb(delivery.to_json()),
+        "deadline_s": delivery.deadline_s,
+        "timeout_ms": delivery.timeout_ms,
+        "lease_margin_s": lease_margin_s,
+    }
+
+
+def effect_inserted(
+    conn: Conn, row: dict[str, Any] | None, facts: dict[str, Any]
+) -> tuple[Effect, Claim | None]:
+    """What an effect insert's `row` means: the new effect (with its claim, when it was born
+    claimed), or, when the key was taken (no row), the existing effect if it is the same
+    action; KeyReuse if it is not."""
+    key: str = facts["key"]
+    request_hash: str = facts["request_hash"]
+    if row is not None:
+        claim = None
+        if "deadline_in_s" in row:
+            claim = Claim(outbox_id=row["outbox_id"], deadline_in_s=row["deadline_in_s"])
+        return Effect.from_row(row), claim
+    existing = effect_get(conn, key)
     if existing is None:
         # The key exists (the insert conflicted) but row-level security hides it.
         raise KeyReuse(key, "<another tenant's request>", request_hash)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,7 +66,7 @@ class Claimed:
         request: dict[str, Any],
         replan_step: str | None = None,
     ) -> Claimed:
-        """The row an act step recorded claimed (`effect_begin_claimed`): its first attempt."""
+        """The row an act step recorded claimed (agent.effect_record): its first attempt."""
         return cls(
             outbox_id=claim.outbox_id,
             key=effect.key,
@@ -120,6 +121,11 @@ class Deliverer(Protocol):
     def lease_margin_s(self) -> float: ...
 
     def delivers_here(self) -> bool: ...
+
+    def connection(self) -> AbstractAsyncContextManager[AConn]:
+        """An autocommit connection on the relay's event loop, for the one statement that
+        records an effect already claimed for this relay (no thread hop on the way)."""
+        ...
 
     async def deliver_now(self, claimed: Claimed) -> Outcome | None: ...
 

@@ -1,5 +1,7 @@
 -- The effect ledger's and the outbox's runtime queries. Every write to activity_effect and
--- outbox is here. Messages to waiting workflows are sent by the trigger
+-- outbox is here, but one: an act step's record of an effect its own worker's relay delivers,
+-- which moves the run in the same statement (agent/queries.sql, effect_record_claimed).
+-- Messages to waiting workflows are sent by the trigger
 -- activity_effect_reported (migration 0003) whenever a status in REPORTED is recorded, so no
 -- query below can record an outcome without telling the workflow.
 --
@@ -26,34 +28,6 @@ WITH effect AS (
   RETURNING id
 )
 SELECT effect.*, (SELECT id FROM queued) AS outbox_id FROM effect
-
--- name: effect_insert_claimed
--- effect_insert for a recorder that delivers the effect itself (an act step in a worker that
--- runs the relay): both rows are born claimed, attempt 1 under a lease, exactly as the relay's
--- claim would leave them, so a crash before the outcome is recorded settles the same way (the
--- reconciler takes the effect once the lease runs out). The relay is not woken: its claim
--- reads only pending rows.
-WITH effect AS (
-  INSERT INTO ledgerloop.activity_effect
-    (idempotency_key, run_id, tenant_id, tool, request_hash, destination, compensates,
-     status, attempts, lease_until)
-  VALUES (%(key)s, %(run_id)s, %(tenant_id)s, %(tool)s, %(request_hash)s, %(destination)s,
-          %(compensates)s, 'started', 1,
-          now() + make_interval(secs => %(timeout_ms)s::float8 / 1000 + %(lease_margin_s)s))
-  ON CONFLICT (idempotency_key) DO NOTHING
-  RETURNING idempotency_key, run_id, tenant_id, tool, request_hash, destination, status,
-            external_reference, result, error, evidence, attempts, lease_until, compensates,
-            resolved_by, created_at, updated_at
-), queued AS (
-  INSERT INTO ledgerloop.outbox
-    (idempotency_key, tenant_id, destination, request, deadline_at, status, attempts,
-     lease_until)
-  SELECT idempotency_key, tenant_id, destination, %(request)s,
-         now() + make_interval(secs => %(deadline_s)s), 'claimed', 1, lease_until
-  FROM effect
-  RETURNING id, extract(epoch FROM deadline_at - now())::float8 AS deadline_in_s
-)
-SELECT effect.*, queued.id AS outbox_id, queued.deadline_in_s FROM effect, queued
 
 -- name: effect_get
 SELECT idempotency_key, run_id, tenant_id, tool, request_hash, destination, status,

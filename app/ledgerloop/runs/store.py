@@ -279,7 +279,7 @@ def run_ensure_status(
         {
             "id": run_id,
             "status": target.value,
-            "allowed_from": [s.value for s in RunStatus if target in TRANSITIONS[s]],
+            "allowed_from": moves_to(target),
             "state_patch": Jsonb(state_patch or {}),
             "event_type": event_type,
             "payload": Jsonb(payload or {}),
@@ -296,12 +296,24 @@ def run_ensure_status(
     current = RunStatus(row["current"])
     if row["duplicate"] or (step is None and current == target):
         return run_require(conn, run_id)
+    return run_not_moved(conn, run_id, current, target)
+
+
+def run_not_moved(conn: Conn, run_id: uuid.UUID, current: RunStatus, target: RunStatus) -> Run:
+    """A move to `target` that did not happen from `current`, as `run_ensure_status` judges
+    it: a run already finished there is success; else RunStopped (it finished elsewhere) or
+    InvalidTransition (the table forbids the move)."""
     if current in TERMINAL:
         run = run_require(conn, run_id)
         if current == target:
             return run
         raise RunStopped(run)
     raise InvalidTransition(current, target, str(run_id))
+
+
+def moves_to(target: RunStatus) -> list[str]:
+    """The statuses a run may move to `target` from (run_advance's `allowed_from`)."""
+    return [s.value for s in RunStatus if target in TRANSITIONS[s]]
 
 
 _RUN_COLUMNS = (

@@ -1,0 +1,117 @@
+"""A write's record in one statement: the approval that allows it, the run's move to
+executing, the effect and its outbox row (born claimed by this worker's relay), checked and
+committed together in one round trip on a connection of the relay's own event loop.
+
+This is the record `write_steps` makes whenever this worker's relay delivers the effect: the
+hot path of a write turn. A write a relay elsewhere delivers keeps the transaction of
+`not_granted`, `run_ensure_status` and `effect_begin`. The rules are the same either way:
+
+- nothing is written unless the approval, when the write has one, is approved by an
+  authenticated principal for exactly this action (`not_granted` names what is missing);
+- the run moves to executing from where `run_ensure_status` allows it, and the event is
+  recorded once under the write's step name;
+- the effect is recorded only when the run is there under that step (it moved now, or an
+  earlier execution of the step moved it): a cancelled run gets no effect;
+- a taken key returns the effect recorded under it when it is the same action (a repeated
+  step), KeyReuse when it is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from ledgerloop.approvals.records import Approval, ApprovalStatus
+from ledgerloop.approvals.store import approval_get
+from ledgerloop.db.connect import Conn
+from ledgerloop.db.sql import load_queries
+from ledgerloop.effects.ledger import Claim, Effect, effect_insert_params, effect_inserted
+from ledgerloop.effects.outbox import Deliverer
+from ledgerloop.errors import LedgerloopError
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.runs.store import RunNotFound, moves_to, run_not_moved
+
+Q = load_queries("ledgerloop.agent")
+
+_EXECUTING_FROM = moves_to(RunStatus.EXECUTING)
+
+
+class NotGranted(LedgerloopError):
+    """The write's approval does not allow it; `problem` says why."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+def not_granted(approval: Approval | None, action_hash: str) -> str | None:
+    """Why `approval` does not let `action_hash` run, or None when it does."""
+    if approval is None:
+        return "the approval does not exist"
+    if approval.status is not ApprovalStatus.APPROVED:
+        return f"approval {approval.id} is {approval.status.value}, not approved"
+    if approval.decided_by_principal is None or approval.auth_role is None:
+        return f"approval {approval.id} has no authenticated decider"
+    if approval.action_hash != action_hash:
+        return f"approval {approval.id} covers the action {approval.action_hash}, not {action_hash}"
+    return None
+
+
+async def record_claimed_write(
+    deliverer: Deliverer,
+    pool: ConnectionPool[Conn],
+    *,
+    step: str,
+    payload: dict[str, Any],
+    approval_id: uuid.UUID | None = None,
+    **facts: Any,
+) -> tuple[Effect, Claim | None]:
+    """Move the run to executing (its event under `step`, with `payload`) and record the
+    effect claimed for `deliverer` (`effect_begin`'s facts), in one autocommit
+    statement on the deliverer's connection, only if `approval_id` (when given) allows it.
+    `pool` serves the rare answers that read more (a refusal, a repeated step's effect).
+
+    Raises NotGranted when the approval does not allow the write; what `run_ensure_status`
+    raises when the run cannot move (RunStopped, InvalidTransition, RunNotFound); KeyReuse
+    when the key holds another action. Nothing is written then. A taken key with the same
+    action returns the recorded effect, unclaimed: whoever holds its claim delivers it.
+    """
+    params = effect_insert_params({**facts, "compensates": None}, deliverer.lease_margin_s)
+    async with deliverer.connection() as conn:
+        cursor = await conn.execute(
+            Q["effect_record_claimed"],
+            {
+                **params,
+                "approval_id": approval_id,
+                "step": step,
+                "payload": Jsonb(payload),
+                "allowed_from": _EXECUTING_FROM,
+            },
+        )
+        row = await cursor.fetchone()
+    run_id: uuid.UUID = facts["run_id"]
+    if row is None:
+        raise RunNotFound(f"no run {run_id}", fix="check the run id")
+    if row["idempotency_key"] is not None:
+        return Effect.from_row(row), Claim(row["outbox_id"], row["deadline_in_s"])
+    current = RunStatus(row["current"])
+    granted: bool = row["granted"]
+    there: bool = row["there"]
+
+    def judge() -> tuple[Effect, Claim | None]:
+        # Off the loop, on a pooled connection, as the other records are.
+        with pool.connection() as conn:
+            if not granted:
+                assert approval_id is not None
+                problem = not_granted(approval_get(conn, approval_id), facts["request_hash"])
+                # Approved since the statement looked: it is judged as the statement saw it.
+                raise NotGranted(problem or f"approval {approval_id} was not approved yet")
+            if not there:
+                run_not_moved(conn, run_id, current, RunStatus.EXECUTING)
+            return effect_inserted(conn, None, facts)
+
+    return await asyncio.to_thread(judge)

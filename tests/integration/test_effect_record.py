@@ -1,0 +1,212 @@
+"""A write's one-statement record (agent.effect_record) on a real Postgres, through a real
+relay's connection: what it writes, and what it refuses to write.
+
+The rules are those of the transaction a write delivered elsewhere is recorded in
+(not_granted, run_ensure_status, effect_begin): these tests hold the statement to them, row
+by row. Approvals reach it from the approval tests (test_approval_mismatch and the write
+path), through a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from ledgerloop.agent.effect_record import NotGranted, record_claimed_write
+from ledgerloop.approvals.preview import render_preview
+from ledgerloop.approvals.principals import principal_create
+from ledgerloop.approvals.store import approval_decide, approval_request
+from ledgerloop.db.connect import Conn, make_pool
+from ledgerloop.effects.errors import KeyReuse
+from ledgerloop.effects.hashing import idempotency_key, request_hash
+from ledgerloop.effects.ledger import Claim, Effect
+from ledgerloop.effects.messages import DeliveryRequest, EffectStatus
+from ledgerloop.effects.relay import Relay
+from ledgerloop.runs.start import start_run
+from ledgerloop.runs.states import InvalidTransition, RunStatus
+from ledgerloop.runs.store import RunNotFound, RunStopped, run_ensure_status
+
+BODY = {"title": "disk full", "body": "clean up", "priority": "normal"}
+REQUEST = DeliveryRequest(path="/idempotent/tickets", body=BODY, honours_idempotency=True)
+
+
+def _hash(body: dict[str, Any] = BODY) -> str:
+    return request_hash("write_ticket", body, "tickets", "v1")
+
+
+def _record(
+    url: str,
+    run_id: uuid.UUID,
+    step: str = "tool-0-c1",
+    body: dict[str, Any] = BODY,
+    approval_id: uuid.UUID | None = None,
+) -> tuple[Effect, Claim | None]:
+    """One record through a real relay (its event loop, its connection), as an act step
+    makes it."""
+
+    async def go() -> tuple[Effect, Claim | None]:
+        async with Relay(url, {"tickets": "http://127.0.0.1:9"}) as relay:
+            with make_pool(url, max_size=1) as pool:
+                return await record_claimed_write(
+                    relay,
+                    pool,
+                    step=step,
+                    payload={"tool_call_id": "c1"},
+                    approval_id=approval_id,
+                    key=idempotency_key(str(run_id), "c1"),
+                    run_id=run_id,
+                    tenant_id=uuid.UUID(int=0),
+                    tool="write_ticket",
+                    request_hash=_hash(body),
+                    destination="tickets",
+                    request=REQUEST,
+                )
+
+    return asyncio.run(go())
+
+
+def _run_in(conn: Conn, status: RunStatus | None) -> uuid.UUID:
+    """A run (with its queued workflow, which approvals need) moved to `status`."""
+    run_id = start_run(conn, agent="ops", input={})
+    if status is not None:
+        run_ensure_status(conn, run_id, RunStatus.PLANNING, "planning")
+        if status is not RunStatus.PLANNING:
+            run_ensure_status(conn, run_id, status, status.value)
+    return run_id
+
+
+def _rows(conn: Conn, run_id: uuid.UUID) -> dict[str, list[dict[str, Any]]]:
+    q = {
+        "events": "SELECT event_type, step, payload, xmin::text AS xid "
+        "FROM ledgerloop.agent_run_event WHERE run_id = %s ORDER BY sequence",
+        "effects": "SELECT status, attempts, lease_until IS NOT NULL AS leased, xmin::text AS xid "
+        "FROM ledgerloop.activity_effect WHERE run_id = %s",
+        "outbox": "SELECT o.status, o.attempts, o.xmin::text AS xid FROM ledgerloop.outbox o "
+        "JOIN ledgerloop.activity_effect e USING (idempotency_key) WHERE e.run_id = %s",
+        "run": "SELECT status, xmin::text AS xid FROM ledgerloop.agent_run WHERE id = %s",
+    }
+    return {name: conn.execute(sql, (run_id,)).fetchall() for name, sql in q.items()}  # type: ignore[arg-type]
+
+
+def test_the_move_the_effect_and_its_claimed_outbox_row_commit_as_one(
+    conn: Conn, db_url: str
+) -> None:
+    run_id = _run_in(conn, RunStatus.PLANNING)
+    effect, claim = _record(db_url, run_id)
+    assert effect.status is EffectStatus.STARTED
+    assert effect.attempts == 1
+    assert claim is not None
+    assert claim.deadline_in_s > 0
+    rows = _rows(conn, run_id)
+    assert rows["run"][0]["status"] == "executing"
+    moved = rows["events"][-1]
+    assert (moved["event_type"], moved["step"]) == ("executing", "tool-0-c1")
+    assert moved["payload"] == {"tool_call_id": "c1"}
+    assert [(e["status"], e["attempts"], e["leased"]) for e in rows["effects"]] == [
+        ("started", 1, True)
+    ]
+    assert [(o["status"], o["attempts"]) for o in rows["outbox"]] == [("claimed", 1)]
+    # One transaction: the run, its event, the effect and its outbox row share one xid.
+    xids = {rows["run"][0]["xid"], moved["xid"], rows["effects"][0]["xid"]}
+    assert xids == {rows["outbox"][0]["xid"]}
+
+
+def test_a_repeated_step_gets_the_recorded_effect_and_no_second_claim(
+    conn: Conn, db_url: str
+) -> None:
+    run_id = _run_in(conn, RunStatus.PLANNING)
+    first, _ = _record(db_url, run_id)
+    again, claim = _record(db_url, run_id)
+    assert claim is None  # whoever holds the first claim delivers it
+    assert again.key == first.key
+    assert again.created_at == first.created_at
+    rows = _rows(conn, run_id)
+    assert [e["event_type"] for e in rows["events"]].count("executing") == 1
+    assert len(rows["effects"]) == 1
+    assert len(rows["outbox"]) == 1
+
+
+def test_the_same_key_for_another_action_is_refused(conn: Conn, db_url: str) -> None:
+    run_id = _run_in(conn, RunStatus.PLANNING)
+    _record(db_url, run_id)
+    with pytest.raises(KeyReuse):
+        _record(db_url, run_id, body={**BODY, "priority": "high"})
+    assert len(_rows(conn, run_id)["effects"]) == 1
+
+
+def test_a_cancelled_run_gets_no_effect(conn: Conn, db_url: str) -> None:
+    run_id = _run_in(conn, RunStatus.CANCELLED)
+    with pytest.raises(RunStopped):
+        _record(db_url, run_id)
+    rows = _rows(conn, run_id)
+    assert rows["effects"] == []
+    assert rows["outbox"] == []
+    assert rows["run"][0]["status"] == "cancelled"
+    assert "executing" not in [e["event_type"] for e in rows["events"]]
+
+
+def test_a_move_the_table_forbids_writes_nothing(conn: Conn, db_url: str) -> None:
+    run_id = _run_in(conn, None)  # received: it has not planned anything yet
+    with pytest.raises(InvalidTransition):
+        _record(db_url, run_id)
+    rows = _rows(conn, run_id)
+    assert rows["effects"] == []
+    assert rows["run"][0]["status"] == "received"
+
+
+def test_an_unknown_run_is_named(db_url: str) -> None:
+    with pytest.raises(RunNotFound, match="no run"):
+        _record(db_url, uuid.uuid4())
+
+
+def _approval(conn: Conn, run_id: uuid.UUID, action_hash: str, decision: str | None) -> uuid.UUID:
+    """An approval of `action_hash` for call c1, decided by an authenticated approver."""
+    approval = approval_request(
+        conn,
+        run_id=run_id,
+        tenant_id=uuid.UUID(int=0),
+        tool="write_ticket",
+        tool_call_id="c1",
+        action_hash=action_hash,
+        preview=render_preview("write_ticket", BODY),
+        policy_version="v1",
+    )
+    if decision is not None:
+        alice, _ = principal_create(conn, name="alice", roles=["approver"])
+        approval_decide(conn, approval_id=approval.id, principal=alice, decision=decision)
+    return approval.id
+
+
+def test_an_approved_write_is_recorded(conn: Conn, db_url: str) -> None:
+    run_id = _run_in(conn, RunStatus.AWAITING_APPROVAL)
+    approval_id = _approval(conn, run_id, _hash(), "approve")
+    effect, claim = _record(db_url, run_id, approval_id=approval_id)
+    assert effect.status is EffectStatus.STARTED
+    assert claim is not None
+    assert _rows(conn, run_id)["run"][0]["status"] == "executing"
+
+
+@pytest.mark.parametrize(
+    ("decision", "other_action", "problem"),
+    [
+        (None, False, "is pending, not approved"),
+        ("reject", False, "is rejected, not approved"),
+        ("approve", True, "covers the action"),
+    ],
+)
+def test_a_write_its_approval_does_not_allow_writes_nothing(
+    conn: Conn, db_url: str, decision: str | None, other_action: bool, problem: str
+) -> None:
+    run_id = _run_in(conn, RunStatus.AWAITING_APPROVAL)
+    approved = _hash({**BODY, "priority": "high"}) if other_action else _hash()
+    approval_id = _approval(conn, run_id, approved, decision)
+    with pytest.raises(NotGranted, match=problem):
+        _record(db_url, run_id, approval_id=approval_id)
+    rows = _rows(conn, run_id)
+    # Not even the run's move: the approval is read before anything is written.
+    assert rows["effects"] == []
+    assert rows["outbox"] == []
+    assert rows["run"][0]["status"] == "awaiting_approval"
