@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -379,3 +382,53 @@ def test_many_effects_deliver_concurrently_each_once(
     assert stats(tickets)["created"] == 60
     refs = {settled(conn, e).external_reference for e in effects}
     assert len(refs) == 60
+
+
+class _CookieSetter(BaseHTTPRequestHandler):
+    """A destination that answers every POST with a session cookie, and remembers the
+    Cookie header each request brought."""
+
+    seen: ClassVar[list[str | None]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).seen.append(self.headers.get("Cookie"))
+        body = json.dumps({"id": f"t-{len(type(self).seen)}"}).encode()
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Set-Cookie", "session=first-callers-session; Path=/")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_destinations_cookie_never_goes_out_with_another_delivery(
+    conn: Conn, db_url: str, fast: RelayConfig
+) -> None:
+    """The relay's one HTTP client serves every run and tenant: a cookie one delivery was
+    given must not ride the next (another run's, another tenant's) to the same place."""
+    _CookieSetter.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CookieSetter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        effects = []
+        # One relay for all three, one after another: its client would have kept the cookie.
+        with RelayThread(db_url, {"cookies": url}, fast) as relay:
+            wait_until(relay.ready, timeout=10)
+            for _ in range(3):
+                effect = begin(conn, "plain", destination="cookies")
+                wait_until(
+                    lambda e=effect: settled(conn, e).status is EffectStatus.SUCCEEDED,  # type: ignore[misc]
+                    timeout=10,
+                    interval=0.01,
+                )
+                effects.append(effect)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(effects) == 3
+    assert _CookieSetter.seen == [None, None, None]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Literal
 
 import httpx
@@ -46,20 +47,30 @@ class RelayConfig:
     transport: Literal["lean", "httpx"] = "lean"
 
 
+def no_cookies() -> CookieJar:
+    """A cookie jar that keeps nothing. The relay's and the reconciler's clients serve every
+    run and tenant: a cookie one delivery was given must never ride another to the same
+    destination, so none is kept (a destination that needs a session must be given one
+    in the request itself)."""
+    return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+
+
 def http_client(config: RelayConfig) -> httpx.AsyncClient:
-    """One pooled keep-alive client for every destination."""
+    """One pooled keep-alive client for every destination, keeping no cookies."""
     if config.transport == "lean":
         return httpx.AsyncClient(
             transport=LeanTransport(
                 max_connections=config.concurrency, keepalive_expiry=config.keepalive_expiry_s
-            )
+            ),
+            cookies=no_cookies(),
         )
     return httpx.AsyncClient(
         limits=httpx.Limits(
             max_connections=config.concurrency,
             max_keepalive_connections=config.concurrency,
             keepalive_expiry=config.keepalive_expiry_s,
-        )
+        ),
+        cookies=no_cookies(),
     )
 
 

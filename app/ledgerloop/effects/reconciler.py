@@ -36,6 +36,7 @@ import httpx
 import psycopg
 from psycopg.types.json import Jsonb
 
+from ledgerloop.effects.attempts import no_cookies
 from ledgerloop.effects.delivery import Lookup, LookupAnswer, lookup
 from ledgerloop.effects.errors import InvalidDeliveryRequest
 from ledgerloop.effects.ledger import Effect, Q
@@ -210,7 +211,7 @@ class Reconciler:
         self._client: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> Reconciler:
-        self._client = httpx.AsyncClient()
+        self._client = httpx.AsyncClient(cookies=no_cookies())  # as the relay's (attempts)
         try:
             self._conn = await connect_async(self.url)
         except BaseException:
