@@ -1,6 +1,6 @@
 """A write's record in one statement: the approval that allows it, the run's move to
 executing, the effect and its outbox row (born claimed by this worker's relay), checked and
-committed together in one round trip on a connection of the relay's own event loop.
+committed together in one round trip.
 
 This is the record `write_steps` makes whenever this worker's relay delivers the effect: the
 hot path of a write turn. A write a relay elsewhere delivers keeps the transaction of
@@ -72,8 +72,7 @@ async def record_claimed_write(
 ) -> tuple[Effect, Claim | None]:
     """Move the run to executing (its event under `step`, with `payload`) and record the
     effect claimed for `deliverer` (`effect_begin`'s facts), in one autocommit
-    statement on the deliverer's connection, only if `approval_id` (when given) allows it.
-    `pool` serves the rare answers that read more (a refusal, a repeated step's effect).
+    statement on a connection of `pool`, only if `approval_id` (when given) allows it.
 
     Raises NotGranted when the approval does not allow the write; what `run_ensure_status`
     raises when the run cannot move (RunStopped, InvalidTransition, RunNotFound); KeyReuse
@@ -81,18 +80,23 @@ async def record_claimed_write(
     action returns the recorded effect, unclaimed: whoever holds its claim delivers it.
     """
     params = effect_insert_params({**facts, "compensates": None}, deliverer.lease_margin_s)
-    async with deliverer.connection() as conn:
-        cursor = await conn.execute(
-            Q["effect_record_claimed"],
-            {
-                **params,
-                "approval_id": approval_id,
-                "step": step,
-                "payload": Jsonb(payload),
-                "allowed_from": _EXECUTING_FROM,
-            },
-        )
-        row = await cursor.fetchone()
+    query = {
+        **params,
+        "approval_id": approval_id,
+        "step": step,
+        "payload": Jsonb(payload),
+        "allowed_from": _EXECUTING_FROM,
+    }
+
+    def write() -> dict[str, Any] | None:
+        with pool.connection() as conn:
+            conn.autocommit = True  # one statement, its own transaction: no BEGIN, no COMMIT
+            try:
+                return conn.execute(Q["effect_record_claimed"], query).fetchone()
+            finally:
+                conn.autocommit = False
+
+    row = await asyncio.to_thread(write)
     run_id: uuid.UUID = facts["run_id"]
     if row is None:
         raise RunNotFound(f"no run {run_id}", fix="check the run id")

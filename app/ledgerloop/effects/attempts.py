@@ -36,9 +36,6 @@ class RelayConfig:
     reconnect_s: float = 1.0
     shutdown_grace_s: float = 10.0
     record_batch: int = 500
-    #: Connections (on the relay's event loop) for act steps recording effects they hand
-    #: to this relay: one statement each, so a few serve many steps.
-    inline_connections: int = 4
     #: Idle keep-alive connections close before a typical server's (uvicorn: 5 s), so a request
     #: is never written onto a socket the server is closing: that would read as "unknown".
     keepalive_expiry_s: float = 2.0

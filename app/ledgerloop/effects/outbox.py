@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -121,11 +120,6 @@ class Deliverer(Protocol):
     def lease_margin_s(self) -> float: ...
 
     def delivers_here(self) -> bool: ...
-
-    def connection(self) -> AbstractAsyncContextManager[AConn]:
-        """An autocommit connection on the relay's event loop, for the one statement that
-        records an effect already claimed for this relay (no thread hop on the way)."""
-        ...
 
     async def deliver_now(self, claimed: Claimed) -> Outcome | None: ...
 

@@ -26,17 +26,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 
 import httpx
 import psycopg
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 
 from ledgerloop import faults
-from ledgerloop.db.errors import translated
-from ledgerloop.db.url import validate_url
 from ledgerloop.effects.attempts import RelayConfig, backoff_s, decide, failure, http_client
 from ledgerloop.effects.delivery import Verdict, delivery_url, send
 from ledgerloop.effects.errors import InvalidDeliveryRequest
@@ -109,7 +105,6 @@ class Relay:
         self._inline_done.set()
         self._claim_conn: AConn | None = None
         self._record_conn: AConn | None = None
-        self._inline_pool: AsyncConnectionPool[AConn] | None = None
         self._client: httpx.AsyncClient | None = None
         self._recorder: asyncio.Task[None] | None = None
 
@@ -119,7 +114,6 @@ class Relay:
         try:
             self._claim_conn = await connect_async(self.url)
             self._record_conn = await connect_async(self.url)
-            self._inline_pool = await self._open_inline_pool()
         except BaseException:
             await self._close_resources()
             raise
@@ -165,21 +159,6 @@ class Relay:
         for conn in (self._claim_conn, self._record_conn):
             if conn is not None:
                 await conn.close()
-        if self._inline_pool is not None:
-            await self._inline_pool.close()
-
-    async def _open_inline_pool(self) -> AsyncConnectionPool[AConn]:
-        pool: AsyncConnectionPool[AConn] = AsyncConnectionPool(
-            validate_url(self.url),
-            min_size=1,
-            max_size=max(1, self.config.inline_connections),
-            kwargs={"autocommit": True, "row_factory": dict_row},
-            name="ledgerloop-relay-inline",
-            open=False,
-        )
-        with translated(self.url, "connecting"):
-            await pool.open(wait=True, timeout=10)
-        return pool
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -298,14 +277,6 @@ class Relay:
     @property
     def lease_margin_s(self) -> float:
         return self.config.lease_margin_s
-
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[AConn]:
-        """An autocommit connection on this relay's loop for an act step's record of an effect
-        it hands here (`send_now`): the step's one statement goes out without a thread hop."""
-        assert self._inline_pool is not None, "the relay is not running"
-        async with self._inline_pool.connection() as conn:
-            yield conn
 
     def delivers_here(self) -> bool:
         """Whether a caller on the running event loop may hand this relay a claim now."""
