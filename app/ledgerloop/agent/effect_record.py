@@ -88,34 +88,29 @@ async def record_claimed_write(
         "allowed_from": _EXECUTING_FROM,
     }
 
-    def write() -> dict[str, Any] | None:
+    run_id: uuid.UUID = facts["run_id"]
+
+    def record() -> tuple[Effect, Claim | None]:
         with pool.connection() as conn:
             conn.autocommit = True  # one statement, its own transaction: no BEGIN, no COMMIT
             try:
-                return conn.execute(Q["effect_record_claimed"], query).fetchone()
+                row = conn.execute(Q["effect_record_claimed"], query).fetchone()
+                if row is None:
+                    raise RunNotFound(f"no run {run_id}", fix="check the run id")
+                if row["idempotency_key"] is not None:
+                    return Effect.from_row(row), Claim(row["outbox_id"], row["deadline_in_s"])
+                # The rare answers read more, on the same connection.
+                if not row["granted"]:
+                    assert approval_id is not None
+                    approval = approval_get(conn, approval_id)
+                    problem = not_granted(approval, facts["request_hash"])
+                    # Approved since the statement looked: judged as the statement saw it.
+                    raise NotGranted(problem or f"approval {approval_id} was not approved yet")
+                if not row["there"]:
+                    current = RunStatus(row["current"])
+                    run_not_moved(conn, run_id, current, RunStatus.EXECUTING)
+                return effect_inserted(conn, None, facts)
             finally:
                 conn.autocommit = False
 
-    row = await asyncio.to_thread(write)
-    run_id: uuid.UUID = facts["run_id"]
-    if row is None:
-        raise RunNotFound(f"no run {run_id}", fix="check the run id")
-    if row["idempotency_key"] is not None:
-        return Effect.from_row(row), Claim(row["outbox_id"], row["deadline_in_s"])
-    current = RunStatus(row["current"])
-    granted: bool = row["granted"]
-    there: bool = row["there"]
-
-    def judge() -> tuple[Effect, Claim | None]:
-        # Off the loop, on a pooled connection, as the other records are.
-        with pool.connection() as conn:
-            if not granted:
-                assert approval_id is not None
-                problem = not_granted(approval_get(conn, approval_id), facts["request_hash"])
-                # Approved since the statement looked: it is judged as the statement saw it.
-                raise NotGranted(problem or f"approval {approval_id} was not approved yet")
-            if not there:
-                run_not_moved(conn, run_id, current, RunStatus.EXECUTING)
-            return effect_inserted(conn, None, facts)
-
-    return await asyncio.to_thread(judge)
+    return await asyncio.to_thread(record)

@@ -388,7 +388,7 @@ async def _record_effect(
 
         async def record() -> tuple[dict[str, Any], Claimed | None]:
             if deliverer is not None:
-                # One statement on the relay's own loop (agent.effect_record).
+                # One statement, one round trip (agent.effect_record).
                 try:
                     effect, claim = await record_claimed_write(
                         deliverer,
