@@ -21,7 +21,7 @@ from ledgerloop.config import Settings
 from ledgerloop.db import dbos_journal
 from ledgerloop.db.connect import make_pool
 from ledgerloop.db.migrate import ensure_current
-from ledgerloop.errors import ConfigError
+from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.dispatch import Dispatcher
 from ledgerloop.fleet.fence import Fence
@@ -199,8 +199,15 @@ async def run_worker(
     def watch(task: asyncio.Task[None]) -> None:
         # A service that dies (the HTTP port is taken, say) stops the worker, and its error
         # becomes the worker's: `ledgerloop up` then exits with that one line, not 0.
-        if not task.cancelled() and task.exception() is not None:
-            failures.append(task.exception())  # type: ignore[arg-type]
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            if not stop.is_set():
+                # Said here: the line `ledgerloop up` exits with comes only after the drain,
+                # and does not name the service. A bug's traceback too, never a user error's.
+                if isinstance(exc, LedgerloopError):
+                    log.error("%s failed; stopping the worker: %s", task.get_name(), exc.one_line())
+                else:
+                    log.error("%s failed; stopping the worker", task.get_name(), exc_info=exc)
+            failures.append(exc)
             stop.set()
 
     assert runtime.fence is not None
@@ -236,9 +243,10 @@ async def run_worker(
         )
         dispatcher.start()
         runtime.dispatcher = dispatcher
-        tasks.append(asyncio.create_task(sandbox_reaper(runtime, stop)))
+        tasks.append(asyncio.create_task(sandbox_reaper(runtime, stop), name="sandbox reaper"))
         for service in options.services:
-            tasks.append(asyncio.create_task(service(runtime, stop)))
+            name = getattr(service, "__name__", "a service").removesuffix("_service")
+            tasks.append(asyncio.create_task(service(runtime, stop), name=f"service {name}"))
         for task in tasks:
             task.add_done_callback(watch)
         if ready:

@@ -12,6 +12,7 @@ from ledgerloop.cli.approval_commands import approvals_cli, approvers_cli
 from ledgerloop.cli.common import user_errors
 from ledgerloop.cli.deploy_commands import deploy_cli
 from ledgerloop.cli.effect_commands import effects_cli
+from ledgerloop.cli.exiting import process_ends_after
 from ledgerloop.cli.run_commands import runs_cli
 from ledgerloop.cli.schema import db_cli
 
@@ -37,4 +38,6 @@ cli.command("ticket-service")(processes.ticket_service)
 
 
 def main() -> None:
-    cli(prog_name="ledgerloop")
+    # A worker stopped during a database outage must still exit (cli/exiting.py).
+    with process_ends_after():
+        cli(prog_name="ledgerloop")

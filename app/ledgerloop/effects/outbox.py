@@ -8,6 +8,7 @@ deliveries/s that is a handful of round trips per batch instead of several per r
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,12 +17,14 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from ledgerloop.db.errors import translated
+from ledgerloop.db.errors import DatabaseUnreachable, translated
 from ledgerloop.db.url import validate_url
 from ledgerloop.effects.ledger import Claim, Effect, Q
 from ledgerloop.effects.messages import EffectStatus, OutboxStatus
 
 AConn = psycopg.AsyncConnection[dict[str, Any]]
+
+log = logging.getLogger(__name__)
 
 CHANNEL = "ledgerloop_outbox"
 
@@ -31,6 +34,21 @@ async def connect_async(url: str) -> AConn:
     url = validate_url(url)
     with translated(url, "connecting"):
         return await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+
+
+async def connect_async_or_later(url: str, who: str) -> AConn | None:
+    """`connect_async`, or None while the database is away.
+
+    A service inside `ledgerloop up` starts a moment after the worker found the database;
+    an outage that begins in that moment must not end the service (and with it the worker).
+    Its loop reconnects like after any lost connection. Every other error (a wrong
+    password, a missing database) is still raised: waiting would not fix it.
+    """
+    try:
+        return await connect_async(url)
+    except DatabaseUnreachable as exc:
+        log.warning("%s starts without a database connection and will reconnect: %s", who, exc)
+        return None
 
 
 @dataclass(frozen=True)

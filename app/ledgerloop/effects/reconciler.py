@@ -36,12 +36,13 @@ import httpx
 import psycopg
 from psycopg.types.json import Jsonb
 
+from ledgerloop.db.errors import DatabaseUnreachable
 from ledgerloop.effects.attempts import no_cookies
 from ledgerloop.effects.delivery import Lookup, LookupAnswer, lookup
 from ledgerloop.effects.errors import InvalidDeliveryRequest
 from ledgerloop.effects.ledger import Effect, Q
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
-from ledgerloop.effects.outbox import AConn, connect_async
+from ledgerloop.effects.outbox import AConn, connect_async, connect_async_or_later
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.mcptools.calls import mcp_lookup
 from ledgerloop.mcptools.client import McpConnections
@@ -213,7 +214,8 @@ class Reconciler:
     async def __aenter__(self) -> Reconciler:
         self._client = httpx.AsyncClient(cookies=no_cookies())  # as the relay's (attempts)
         try:
-            self._conn = await connect_async(self.url)
+            # None while the database is away: `run` connects once it is back.
+            self._conn = await connect_async_or_later(self.url, "reconciler")
         except BaseException:
             await self._client.aclose()
             raise
@@ -232,7 +234,9 @@ class Reconciler:
             await self._conn.close()
 
     def _db(self) -> AConn:
-        assert self._conn is not None, "use the reconciler inside `async with`"
+        assert self._client is not None, "use the reconciler inside `async with`"
+        if self._conn is None:
+            raise DatabaseUnreachable("the reconciler has had no database connection yet")
         return self._conn
 
     async def reconcile_once(self) -> int:

@@ -33,6 +33,7 @@ import httpx
 import psycopg
 
 from ledgerloop import faults
+from ledgerloop.db.errors import DatabaseUnreachable
 from ledgerloop.effects.attempts import RelayConfig, backoff_s, decide, failure, http_client
 from ledgerloop.effects.delivery import Verdict, delivery_url, send
 from ledgerloop.effects.errors import InvalidDeliveryRequest
@@ -44,6 +45,7 @@ from ledgerloop.effects.outbox import (
     Claimed,
     Outcome,
     connect_async,
+    connect_async_or_later,
     outbox_claim,
     outbox_next_due,
     outbox_record,
@@ -112,8 +114,9 @@ class Relay:
         self._loop = asyncio.get_running_loop()
         self._client = http_client(self.config)
         try:
-            self._claim_conn = await connect_async(self.url)
-            self._record_conn = await connect_async(self.url)
+            # None while the database is away: the loops below connect once it is back.
+            self._claim_conn = await connect_async_or_later(self.url, "relay")
+            self._record_conn = await connect_async_or_later(self.url, "relay recorder")
         except BaseException:
             await self._close_resources()
             raise
@@ -222,7 +225,9 @@ class Relay:
             await asyncio.sleep(min(max(due_in, 0.0), left))
 
     def _conn(self) -> AConn:
-        assert self._claim_conn is not None, "use the relay inside `async with`"
+        assert self._loop is not None, "use the relay inside `async with`"
+        if self._claim_conn is None:
+            raise DatabaseUnreachable("the relay has had no database connection yet")
         return self._claim_conn
 
     async def _reconnect_claim(self) -> None:
@@ -457,9 +462,10 @@ class Relay:
         """
         while True:
             try:
-                assert self._record_conn is not None
+                if self._record_conn is None:
+                    raise DatabaseUnreachable("the relay has had no database connection yet")
                 owned = await outbox_record(self._record_conn, batch)
-            except psycopg.OperationalError as exc:
+            except (psycopg.OperationalError, DatabaseUnreachable) as exc:
                 log.warning("relay cannot record outcomes yet: %s", exc)
                 await asyncio.sleep(self.config.reconnect_s)
                 await self._reconnect_record()

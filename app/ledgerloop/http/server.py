@@ -9,6 +9,7 @@ the process). Setting `stop` drains open requests for up to GRACEFUL_S, then clo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Iterator
@@ -19,12 +20,15 @@ from fastapi import FastAPI
 
 from ledgerloop.agent.definition import agents
 from ledgerloop.errors import LedgerloopError
+from ledgerloop.failures import is_transient
 from ledgerloop.http.app import create_app
 from ledgerloop.runtime import Runtime
 
 log = logging.getLogger("ledgerloop.http")
 
 GRACEFUL_S = 10
+#: How often a server waiting for the database tries its lifespan again.
+RETRY_S = 1.0
 
 
 class HttpListenError(LedgerloopError):
@@ -64,7 +68,35 @@ def listen(host: str, port: int) -> socket.socket:
         ) from exc
 
 
-async def run_server(app: FastAPI, sock: socket.socket, stop: asyncio.Event) -> None:
+async def _enter_lifespan(
+    app: FastAPI, stack: contextlib.AsyncExitStack, stop: asyncio.Event, wait_for_database: bool
+) -> bool:
+    """Enter the app's lifespan (it opens the API's pool); False if `stop` came first.
+
+    With `wait_for_database`, a database that is away is waited for, once a second: inside
+    `ledgerloop up` the database was there a moment ago, and an outage that begins as the
+    server starts must not end the worker.
+    """
+    said = False
+    while True:
+        try:
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            return True
+        except Exception as exc:
+            if not (wait_for_database and is_transient(exc)):
+                raise
+            if not said:
+                log.warning("the HTTP API waits for the database: %s", exc)
+                said = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), RETRY_S)
+        if stop.is_set():
+            return False
+
+
+async def run_server(
+    app: FastAPI, sock: socket.socket, stop: asyncio.Event, *, wait_for_database: bool = False
+) -> None:
     """Serve `app` on `sock` until `stop` is set (or this task is cancelled), then drain."""
     config = uvicorn.Config(
         app,
@@ -75,7 +107,9 @@ async def run_server(app: FastAPI, sock: socket.socket, stop: asyncio.Event) -> 
     )
     server = _EmbeddedServer(config)
     try:
-        async with app.router.lifespan_context(app):
+        async with contextlib.AsyncExitStack() as lifespan:
+            if not await _enter_lifespan(app, lifespan, stop, wait_for_database):
+                return
             serving = asyncio.create_task(server.serve(sockets=[sock]))
             stopped = asyncio.create_task(stop.wait())
             try:
@@ -96,4 +130,4 @@ async def serve_http(runtime: Runtime, stop: asyncio.Event) -> None:
     # `ledgerloop up` exits 2 with that one line.
     sock = listen(settings.http_host, settings.http_port)
     app = create_app(runtime.database_url, agent_names=agents())
-    await run_server(app, sock, stop)
+    await run_server(app, sock, stop, wait_for_database=True)
