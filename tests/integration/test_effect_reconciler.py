@@ -11,9 +11,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -25,7 +27,7 @@ from ledgerloop.effects.hashing import request_hash
 from ledgerloop.effects.ledger import Effect, effect_begin, effect_get, effect_resolve
 from ledgerloop.effects.messages import EffectStatus, OutboxStatus
 from ledgerloop.effects.outbox import connect_async, outbox_claim
-from ledgerloop.effects.reconciler import reconcile_once, run_reconciler
+from ledgerloop.effects.reconciler import Reconciler, reconcile_once, run_reconciler
 from ledgerloop.effects.relay import RelayConfig
 from ledgerloop.effects.testing import drain_outbox, messages_for, workflow_row
 from ledgerloop.examples.ticket_service import TicketServiceThread
@@ -431,3 +433,52 @@ def test_the_reconciler_service_settles_and_stops(
 
     asyncio.run(serve())
     assert stats(tickets)["created"] == 1
+
+
+class _CookieSettingLookup(BaseHTTPRequestHandler):
+    """A destination whose lookup finds the ticket and sets a session cookie, and remembers
+    the Cookie header each lookup brought."""
+
+    seen: ClassVar[list[str | None]] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(self.headers.get("Cookie"))
+        body = json.dumps({"id": f"t-{len(type(self).seen)}"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Set-Cookie", "session=first-lookups-session; Path=/")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_lookups_cookie_never_goes_out_with_another_lookup(conn: Conn, db_url: str) -> None:
+    """One reconciler looks up every run's and tenant's effects with one HTTP client: a
+    cookie one lookup was given must not ride the next."""
+    _CookieSettingLookup.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CookieSettingLookup)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    destinations = {"tickets": f"http://127.0.0.1:{server.server_address[1]}"}
+
+    async def three_lookups() -> list[Effect]:
+        settled = []
+        # One reconciler for all three, one after another: its client would have kept it.
+        async with Reconciler(db_url, destinations) as reconciler:
+            for _ in range(3):
+                effect = begin(conn, LOOKUP)
+                # It runs its own event loop: on a thread of its own.
+                await asyncio.to_thread(relay_died_after_claiming, conn, db_url, effect)
+                assert await reconciler.reconcile_once() == 1
+                settled.append(get(conn, effect))
+        return settled
+
+    try:
+        settled = asyncio.run(three_lookups())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [e.status for e in settled] == [EffectStatus.SUCCEEDED] * 3
+    assert _CookieSettingLookup.seen == [None, None, None]
