@@ -24,6 +24,7 @@ from ledgerloop.effects.testing import RelayThread, drain_outbox, messages_for, 
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.store import run_create
 from ledgerloop.testing.postgres import wait_until
+from ledgerloop.version import __version__
 
 BODY = {"title": "Printer on fire", "body": "third floor", "priority": "high"}
 # Fast backoff so retry tests take milliseconds; the ticket service's refusals also carry
@@ -389,10 +390,12 @@ class _CookieSetter(BaseHTTPRequestHandler):
     Cookie header each request brought."""
 
     seen: ClassVar[list[str | None]] = []
+    agents: ClassVar[list[str | None]] = []
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         type(self).seen.append(self.headers.get("Cookie"))
+        type(self).agents.append(self.headers.get("User-Agent"))
         body = json.dumps({"id": f"t-{len(type(self).seen)}"}).encode()
         self.send_response(201)
         self.send_header("Content-Type", "application/json")
@@ -411,6 +414,7 @@ def test_a_destinations_cookie_never_goes_out_with_another_delivery(
     """The relay's one HTTP client serves every run and tenant: a cookie one delivery was
     given must not ride the next (another run's, another tenant's) to the same place."""
     _CookieSetter.seen = []
+    _CookieSetter.agents = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _CookieSetter)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -432,3 +436,5 @@ def test_a_destinations_cookie_never_goes_out_with_another_delivery(
         server.server_close()
     assert len(effects) == 3
     assert _CookieSetter.seen == [None, None, None]
+    # Either client says who calls.
+    assert _CookieSetter.agents == [f"ledgerloop/{__version__}"] * 3

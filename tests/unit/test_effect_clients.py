@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import pytest
 
 from ledgerloop.effects.attempts import RelayConfig, http_client, no_cookies
+from ledgerloop.effects.transport import LeanClient
 
 
 def _answer(url: str) -> httpx.Response:
@@ -26,11 +26,22 @@ def test_a_set_cookie_answer_leaves_the_jar_empty() -> None:
     assert not list(cookies.jar)
 
 
-@pytest.mark.parametrize("transport", ["lean", "httpx"])
-def test_the_relays_client_keeps_no_cookie(transport: str) -> None:
-    client = http_client(RelayConfig(transport=transport))  # type: ignore[arg-type]
+def test_the_relays_httpx_client_keeps_no_cookie() -> None:
+    client = http_client(RelayConfig(transport="httpx"))
+    assert isinstance(client, httpx.AsyncClient)
     try:
         client.cookies.extract_cookies(_answer("http://tickets.internal/tickets"))
         assert not list(client.cookies.jar)
+    finally:
+        asyncio.run(client.aclose())
+
+
+def test_the_relays_lean_client_has_no_jar_at_all() -> None:
+    # The default client sends only what each request carries: there is nowhere a cookie
+    # could be kept (test_effect_relay sends through it to a cookie-setting destination).
+    client = http_client(RelayConfig())
+    assert isinstance(client, LeanClient)
+    try:
+        assert not hasattr(client, "cookies")
     finally:
         asyncio.run(client.aclose())

@@ -72,7 +72,8 @@ async def record_claimed_write(
 ) -> tuple[Effect, Claim | None]:
     """Move the run to executing (its event under `step`, with `payload`) and record the
     effect claimed for `deliverer` (`effect_begin`'s facts), in one autocommit
-    statement on a connection of `pool`, only if `approval_id` (when given) allows it.
+    statement on a connection of the deliverer's (`Deliverer.records`), only if
+    `approval_id` (when given) allows it. `pool` serves the rare answers that read more.
 
     Raises NotGranted when the approval does not allow the write; what `run_ensure_status`
     raises when the run cannot move (RunStopped, InvalidTransition, RunNotFound); KeyReuse
@@ -89,28 +90,27 @@ async def record_claimed_write(
     }
 
     run_id: uuid.UUID = facts["run_id"]
+    # On the deliverer's own connection, on this loop: the delivery follows at once.
+    async with deliverer.records() as aconn:
+        cursor = await aconn.execute(Q["effect_record_claimed"], query)
+        row = await cursor.fetchone()
+    if row is None:
+        raise RunNotFound(f"no run {run_id}", fix="check the run id")
+    if row["idempotency_key"] is not None:
+        return Effect.from_row(row), Claim(row["outbox_id"], row["deadline_in_s"])
 
-    def record() -> tuple[Effect, Claim | None]:
+    def rare() -> tuple[Effect, Claim | None]:
+        # The rare answers (nothing was written) read more, from a thread of the pool.
         with pool.connection() as conn:
-            conn.autocommit = True  # one statement, its own transaction: no BEGIN, no COMMIT
-            try:
-                row = conn.execute(Q["effect_record_claimed"], query).fetchone()
-                if row is None:
-                    raise RunNotFound(f"no run {run_id}", fix="check the run id")
-                if row["idempotency_key"] is not None:
-                    return Effect.from_row(row), Claim(row["outbox_id"], row["deadline_in_s"])
-                # The rare answers read more, on the same connection.
-                if not row["granted"]:
-                    assert approval_id is not None
-                    approval = approval_get(conn, approval_id)
-                    problem = not_granted(approval, facts["request_hash"])
-                    # Approved since the statement looked: judged as the statement saw it.
-                    raise NotGranted(problem or f"approval {approval_id} was not approved yet")
-                if not row["there"]:
-                    current = RunStatus(row["current"])
-                    run_not_moved(conn, run_id, current, RunStatus.EXECUTING)
-                return effect_inserted(conn, None, facts)
-            finally:
-                conn.autocommit = False
+            if not row["granted"]:
+                assert approval_id is not None
+                approval = approval_get(conn, approval_id)
+                problem = not_granted(approval, facts["request_hash"])
+                # Approved since the statement looked: judged as the statement saw it.
+                raise NotGranted(problem or f"approval {approval_id} was not approved yet")
+            if not row["there"]:
+                current = RunStatus(row["current"])
+                run_not_moved(conn, run_id, current, RunStatus.EXECUTING)
+            return effect_inserted(conn, None, facts)
 
-    return await asyncio.to_thread(record)
+    return await asyncio.to_thread(rare)

@@ -13,10 +13,10 @@ from typing import Literal
 
 import httpx
 
-from ledgerloop.effects.delivery import Delivery, Verdict
+from ledgerloop.effects.delivery import Delivery, Requester, Verdict
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
 from ledgerloop.effects.outbox import Claimed, Outcome
-from ledgerloop.effects.transport import LeanTransport
+from ledgerloop.effects.transport import LeanClient, LeanTransport
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class RelayConfig:
     reconnect_s: float = 1.0
     shutdown_grace_s: float = 10.0
     record_batch: int = 500
+    #: Connections for act steps' records of the effects this relay sends at once (`records`).
+    step_connections: int = 8
     #: Idle keep-alive connections close before a typical server's (uvicorn: 5 s), so a request
     #: is never written onto a socket the server is closing: that would read as "unknown".
     keepalive_expiry_s: float = 2.0
@@ -52,14 +54,13 @@ def no_cookies() -> CookieJar:
     return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
 
 
-def http_client(config: RelayConfig) -> httpx.AsyncClient:
+def http_client(config: RelayConfig) -> Requester:
     """One pooled keep-alive client for every destination, keeping no cookies."""
     if config.transport == "lean":
-        return httpx.AsyncClient(
-            transport=LeanTransport(
+        return LeanClient(
+            LeanTransport(
                 max_connections=config.concurrency, keepalive_expiry=config.keepalive_expiry_s
-            ),
-            cookies=no_cookies(),
+            )
         )
     return httpx.AsyncClient(
         limits=httpx.Limits(
@@ -68,6 +69,7 @@ def http_client(config: RelayConfig) -> httpx.AsyncClient:
             keepalive_expiry=config.keepalive_expiry_s,
         ),
         cookies=no_cookies(),
+        headers={"User-Agent": LeanClient.USER_AGENT},
     )
 
 

@@ -21,7 +21,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -34,6 +34,23 @@ EXCERPT = 200
 #: Connect gives up well inside the overall timeout, so a slow connect is told apart (it is
 #: retryable: nothing was sent) from a slow answer (unknown: the request may have committed).
 MAX_CONNECT_S = 2.0
+
+
+class Requester(Protocol):
+    """What `send` calls: an `httpx.AsyncClient`, or the relay's lean client
+    (effects.transport.LeanClient)."""
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: dict[str, str],
+        json: Any,
+        timeout: httpx.Timeout,
+    ) -> httpx.Response: ...
+
+    async def aclose(self) -> None: ...
 
 
 class Verdict(StrEnum):
@@ -130,7 +147,7 @@ def delivery_url(base_url: str, request: DeliveryRequest) -> str:
 
 
 async def send(
-    client: httpx.AsyncClient,
+    client: Requester,
     base_url: str,
     key: str,
     request: DeliveryRequest,

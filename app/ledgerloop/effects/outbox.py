@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
 
 from ledgerloop.db.errors import DatabaseUnreachable, translated
 from ledgerloop.db.url import validate_url
@@ -34,6 +36,25 @@ async def connect_async(url: str) -> AConn:
     url = validate_url(url)
     with translated(url, "connecting"):
         return await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+
+
+async def open_async_pool(url: str, size: int, name: str) -> AsyncConnectionPool[AConn]:
+    """A pool of up to `size` autocommit async connections with dict rows, open at once.
+
+    It does not wait for its first connection: opened in a moment the database is away, it
+    connects in the background once it is back, and a borrower meanwhile waits (then gets
+    `PoolTimeout`, a transient `OperationalError`) instead of the owner failing to start.
+    """
+    pool: AsyncConnectionPool[AConn] = AsyncConnectionPool(
+        validate_url(url),
+        min_size=1,
+        max_size=size,
+        name=name,
+        kwargs={"autocommit": True, "row_factory": dict_row},
+        open=False,
+    )
+    await pool.open(wait=False)
+    return pool
 
 
 async def connect_async_or_later(url: str, who: str) -> AConn | None:
@@ -142,6 +163,11 @@ class Deliverer(Protocol):
     async def deliver_now(self, claimed: Claimed) -> Outcome | None: ...
 
     async def send_now(self, claimed: Claimed) -> tuple[Outcome, asyncio.Future[bool]] | None: ...
+
+    def records(self) -> AbstractAsyncContextManager[AConn]:
+        """An autocommit connection on this loop for an act step's record of an effect this
+        deliverer sends: no thread hand-off between the record and its delivery."""
+        ...
 
 
 async def outbox_claim(conn: AConn, *, limit: int, lease_margin_s: float) -> list[Claimed]:

@@ -26,16 +26,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 
-import httpx
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from ledgerloop import faults
 from ledgerloop.db.errors import DatabaseUnreachable
 from ledgerloop.effects.attempts import RelayConfig, backoff_s, decide, failure, http_client
-from ledgerloop.effects.delivery import Verdict, delivery_url, send
+from ledgerloop.effects.delivery import Requester, Verdict, delivery_url, send
 from ledgerloop.effects.errors import InvalidDeliveryRequest
 from ledgerloop.effects.ledger import COMPENSATION_SUFFIX
 from ledgerloop.effects.messages import DeliveryRequest, OutboxStatus
@@ -46,6 +46,7 @@ from ledgerloop.effects.outbox import (
     Outcome,
     connect_async,
     connect_async_or_later,
+    open_async_pool,
     outbox_claim,
     outbox_next_due,
     outbox_record,
@@ -107,7 +108,10 @@ class Relay:
         self._inline_done.set()
         self._claim_conn: AConn | None = None
         self._record_conn: AConn | None = None
-        self._client: httpx.AsyncClient | None = None
+        #: Act steps' records of the effects they hand to `send_now` (`records`).
+        self._steps_pool: AsyncConnectionPool[AConn] | None = None
+        self._steps_opening = asyncio.Lock()
+        self._client: Requester | None = None
         self._recorder: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Relay:
@@ -162,6 +166,8 @@ class Relay:
         for conn in (self._claim_conn, self._record_conn):
             if conn is not None:
                 await conn.close()
+        if self._steps_pool is not None:
+            await self._steps_pool.close()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -282,6 +288,25 @@ class Relay:
     @property
     def lease_margin_s(self) -> float:
         return self.config.lease_margin_s
+
+    @contextlib.asynccontextmanager
+    async def records(self) -> AsyncIterator[AConn]:
+        """A connection of this relay's own small pool, on its loop, for an act step's record
+        of an effect it then hands to `send_now`. A record from a thread of the worker's pool
+        costs two thread hand-offs between the model's answer and the delivery. The pool
+        opens at the first record (a relay of its own, `ledgerloop relay`, never makes one)
+        and does not wait for the database: a record made during an outage waits for a
+        connection, then fails as transient, like any step's statement."""
+        if self._loop is None or self._closing:
+            raise DatabaseUnreachable("the relay is not running")
+        if self._steps_pool is None:
+            async with self._steps_opening:  # the first records at once open one pool
+                if self._steps_pool is None:
+                    self._steps_pool = await open_async_pool(
+                        self.url, self.config.step_connections, "ledgerloop-relay-steps"
+                    )
+        async with self._steps_pool.connection() as conn:
+            yield conn
 
     def delivers_here(self) -> bool:
         """Whether a caller on the running event loop may hand this relay a claim now."""
