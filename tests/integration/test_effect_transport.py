@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from ledgerloop.effects.transport import LeanTransport
+from ledgerloop.effects.transport import LeanClient, LeanTransport
+from ledgerloop.version import __version__
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
 
@@ -185,5 +186,50 @@ def test_a_closed_transport_refuses_new_requests() -> None:
         await transport.aclose()
         with pytest.raises(RuntimeError, match="closed"):
             await post(transport, "http://127.0.0.1:9")
+
+    asyncio.run(go())
+
+
+def _headers(request: bytes) -> list[tuple[str, str]]:
+    head = request.split(b"\r\n\r\n")[0].decode()
+    pairs = [line.split(":", 1) for line in head.split("\r\n")[1:]]
+    return [(name.strip().lower(), value.strip()) for name, value in pairs]
+
+
+def test_the_lean_client_sends_the_callers_headers_over_its_own_defaults() -> None:
+    packed = gzip.compress(b'{"id":"T-3"}')
+
+    async def go() -> None:
+        async with Server(ok(), ok(packed, b"Content-Encoding: gzip\r\n")) as server:
+            client = LeanClient(LeanTransport())
+            try:
+                first = await client.request(
+                    "POST",
+                    server.url + "/t",
+                    headers={"Idempotency-Key": "k1"},
+                    json={"a": 1},
+                    timeout=httpx.Timeout(2.0),
+                )
+                second = await client.request(
+                    "POST",
+                    server.url + "/t",
+                    headers={"user-agent": "tickets-bridge/2", "Idempotency-Key": "k2"},
+                    json={"a": 2},
+                    timeout=httpx.Timeout(2.0),
+                )
+            finally:
+                await client.aclose()
+            assert (first.status_code, first.json()) == (201, {"id": "T-1"})
+            assert second.json() == {"id": "T-3"}  # decoded as httpx's client would
+            sent = [_headers(request) for request in server.requests]
+            assert ("user-agent", f"ledgerloop/{__version__}") in sent[0]
+            assert ("idempotency-key", "k1") in sent[0]
+            assert ("content-type", "application/json") in sent[0]
+            assert ("accept", "*/*") in sent[0]
+            # A caller's own User-Agent replaces the default, whatever its case: one header.
+            agents = [value for name, value in sent[1] if name == "user-agent"]
+            assert agents == ["tickets-bridge/2"]
+            assert not any(name == "cookie" for request in sent for name, _ in request)
+            assert server.requests[1].endswith(b'{"a":2}')
 
     asyncio.run(go())

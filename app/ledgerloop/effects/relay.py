@@ -296,9 +296,11 @@ class Relay:
         costs two thread hand-offs between the model's answer and the delivery. The pool
         opens at the first record (a relay of its own, `ledgerloop relay`, never makes one)
         and does not wait for the database: a record made during an outage waits for a
-        connection, then fails as transient, like any step's statement."""
-        if self._loop is None or self._closing:
-            raise DatabaseUnreachable("the relay is not running")
+        connection, then fails as transient, like any step's statement. It serves until the
+        relay has stopped (a record begun as it stops is delivered, or settles after its
+        lease, as before)."""
+        if self._loop is None:
+            raise RuntimeError("records() before the relay started (use `async with Relay(...)`)")
         if self._steps_pool is None:
             async with self._steps_opening:  # the first records at once open one pool
                 if self._steps_pool is None:

@@ -230,8 +230,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
 class LeanClient:
     """The relay's client on a `LeanTransport`: `request` builds the request and sends it,
-    nothing else. What it sends: the caller's headers, `Host`, the body's `Content-Type` and
-    `Content-Length`, and a `User-Agent` naming Ledgerloop; never a cookie."""
+    nothing else. What it sends: the caller's headers (over its own defaults, by name in any
+    case), `Host`, the body's `Content-Type` and `Content-Length`, and by default
+    `User-Agent: ledgerloop/<version>` and `Accept: */*`; never a cookie."""
 
     USER_AGENT = f"ledgerloop/{__version__}"
 
@@ -247,10 +248,12 @@ class LeanClient:
         json: object,
         timeout: httpx.Timeout,
     ) -> httpx.Response:
+        merged = httpx.Headers({"User-Agent": self.USER_AGENT, "Accept": "*/*"})
+        merged.update(headers)  # a caller's `user-agent` replaces the default, not joins it
         request = httpx.Request(
             method,
             url,
-            headers={"User-Agent": self.USER_AGENT, "Accept": "*/*", **headers},
+            headers=merged,
             json=json,
             extensions={"timeout": timeout.as_dict()},
         )
