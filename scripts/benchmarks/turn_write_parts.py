@@ -9,7 +9,8 @@ the parts of a write turn: the record's statement, the relay's `send_now` (the d
 up to the moment its outcome's record is under way), the transport's exchange with the
 ticket service, and each `steps.think` by its place in the run (the model call; the one
 that answers also saves the answer, except in a write turn, whose step saves it after; a
-read turn's second one also runs its read tool). Medians of BENCH_TURN_WRITE_PARTS_RUNS
+read turn's second one also runs its read tool; a run is over once its answer is saved,
+so now and then its last one is counted with the next run's). Medians of BENCH_TURN_WRITE_PARTS_RUNS
 (300) of each. Interleaving one run of each kind, rather than batches, makes every part pay
 the same cold start a lone turn pays.
 """
