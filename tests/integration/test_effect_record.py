@@ -20,11 +20,13 @@ from ledgerloop.approvals.preview import render_preview
 from ledgerloop.approvals.principals import principal_create
 from ledgerloop.approvals.store import approval_decide, approval_request
 from ledgerloop.db.connect import Conn, make_pool
+from ledgerloop.db.errors import DatabaseUnreachable
 from ledgerloop.effects.errors import KeyReuse
 from ledgerloop.effects.hashing import idempotency_key, request_hash
 from ledgerloop.effects.ledger import Claim, Effect
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus
 from ledgerloop.effects.relay import Relay
+from ledgerloop.failures import is_transient
 from ledgerloop.runs.start import start_run
 from ledgerloop.runs.states import InvalidTransition, RunStatus
 from ledgerloop.runs.store import RunNotFound, RunStopped, run_ensure_status
@@ -210,3 +212,21 @@ def test_a_write_its_approval_does_not_allow_writes_nothing(
     assert rows["effects"] == []
     assert rows["outbox"] == []
     assert rows["run"][0]["status"] == "awaiting_approval"
+
+
+def test_a_record_after_its_relay_stopped_is_transient_and_opens_nothing(db_url: str) -> None:
+    """A step that saw this worker's relay running a moment before it stopped: its record
+    fails as transient (the step runs again and records for a relay elsewhere), and no pool
+    is opened that nothing would close."""
+
+    async def go() -> None:
+        relay = Relay(db_url, {"tickets": "http://127.0.0.1:9"})
+        async with relay:
+            pass
+        with pytest.raises(DatabaseUnreachable) as raised:
+            async with relay.records():
+                pass
+        assert is_transient(raised.value)
+        assert relay._steps_pool is None
+
+    asyncio.run(go())

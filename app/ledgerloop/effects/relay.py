@@ -111,6 +111,7 @@ class Relay:
         #: Act steps' records of the effects they hand to `send_now` (`records`).
         self._steps_pool: AsyncConnectionPool[AConn] | None = None
         self._steps_opening = asyncio.Lock()
+        self._stopped = False
         self._client: Requester | None = None
         self._recorder: asyncio.Task[None] | None = None
 
@@ -160,6 +161,7 @@ class Relay:
         await self._close_resources()
 
     async def _close_resources(self) -> None:
+        self._stopped = True
         await self._mcp.aclose()
         if self._client is not None:
             await self._client.aclose()
@@ -301,6 +303,10 @@ class Relay:
         lease, as before)."""
         if self._loop is None:
             raise RuntimeError("records() before the relay started (use `async with Relay(...)`)")
+        if self._stopped:
+            # A step that found this relay running just before it stopped: transient, so the
+            # step runs again and records for a relay elsewhere (no pool opened to leak).
+            raise DatabaseUnreachable("the relay has stopped; its records pool is closed")
         if self._steps_pool is None:
             async with self._steps_opening:  # the first records at once open one pool
                 if self._steps_pool is None:
