@@ -326,6 +326,27 @@ INTERNALS: tuple[Internal, ...] = (
         ),
     ),
     Internal(
+        name="checkpoint-rider",
+        uses="SystemDatabase.record_operation_result replaced on the process's DBOS instance; "
+        "for a step with a rider, DBOS's own SystemDatabase._record_operation_result_txn, "
+        "_own_key, engine and dbos._sys_db.db_retry, then Ledgerloop's statement on the same "
+        "connection (Connection.connection.driver_connection, a psycopg connection) before "
+        "the commit",
+        relies_on="DBOS writes a step's checkpoint through record_operation_result(result, "
+        "completed_at_epoch_ms=, owner_xid=, owner_key=) after the step body returned, "
+        "result naming workflow_uuid and function_id (the step's DBOS.step_id), with error "
+        "None for a step that succeeded; _record_operation_result_txn(result, completed_at, "
+        "conn, owner_xid=) writes the row it would write, inside the caller's transaction, "
+        "and raises DBOSWorkflowConflictIDError there when the execution no longer owns the "
+        "workflow",
+        why="a write the model asked for must commit with the answer that asked for it to "
+        "cost the turn no commit of its own; DBOS has no public hook into a step's checkpoint "
+        "transaction",
+        used_in=("app/ledgerloop/db/dbos_checkpoint.py",),
+        tables=("operation_outputs", "workflow_status"),
+        private_names=("dbos._dbos._get_dbos_instance", "dbos._sys_db.db_retry"),
+    ),
+    Internal(
         name="fleet-owner-token",
         uses="dbos._context.get_local_dbos_context().owner_xid inside a step body, and "
         "dbos._error.DBOSWorkflowConflictIDError raised from one",

@@ -18,7 +18,7 @@ from typing import Any
 
 from ledgerloop.agent.definition import Agent, agents, agents_from, load_agent_modules
 from ledgerloop.config import Settings
-from ledgerloop.db import dbos_journal
+from ledgerloop.db import dbos_checkpoint, dbos_journal
 from ledgerloop.db.connect import make_pool
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.errors import ConfigError, LedgerloopError
@@ -228,6 +228,7 @@ async def run_worker(
         DBOS.launch()
         launched = True
         dbos_journal.install(runtime.pool)
+        dbos_checkpoint.install()
         queue = await DBOS.register_queue_async(
             QUEUE_NAME, worker_concurrency=settings.worker_concurrency
         )

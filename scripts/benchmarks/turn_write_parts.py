@@ -5,7 +5,8 @@ one at a time, an answer-only run, a read-tool run and a write-tool run (the sam
 script and ticket service as `turn_write`), plus one POST to the ticket service from the
 relay's own kind of client, an INSERT + COMMIT and a `SELECT 1` (calibration: what a
 durable commit and a bare round trip cost right now). Timers wrap, for the measurement only,
-the parts of a write turn: the record's statement, the relay's `send_now` (the delivery,
+the parts of a write turn: the record's statement, each step's DBOS checkpoint (a write
+recorded ahead rides the answer's, agent.write_ahead), the relay's `send_now` (the delivery,
 up to the moment its outcome's record is under way), the transport's exchange with the
 ticket service, and each `steps.think` by its place in the run (the model call; the one
 that answers also saves the answer, except in a write turn, whose step saves it after; a
@@ -28,8 +29,14 @@ from typing import Any
 
 import httpx
 import psycopg
+from dbos._dbos import _get_dbos_instance
 
 from ledgerloop.agent import steps, write_steps
+
+try:
+    from ledgerloop.agent import write_ahead
+except ImportError:  # a checkout from before it
+    write_ahead = None  # type: ignore[assignment]
 from ledgerloop.effects import relay as relay_module
 from ledgerloop.effects.transport import LeanClient, LeanTransport
 from ledgerloop.runtime import Runtime
@@ -60,13 +67,44 @@ def _timed(label: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Await
 _EXCHANGE = LeanTransport.handle_async_request
 
 
+def _timed_sync(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            PARTS[label].append((time.perf_counter_ns() - start) / 1e6)
+
+    return timed
+
+
 def _install_timers() -> None:
     # Each is looked up at call time by its callers, so replacing the attribute is enough.
     record = write_steps.record_claimed_write
     write_steps.record_claimed_write = _timed("record (one statement)", record)
+    ahead = getattr(write_ahead, "_Record", None)  # absent from a checkout before it
+    if ahead is not None:
+        ahead.run = _timed_sync("record ahead (in the checkpoint)", ahead.run)
     steps.think = _timed("steps.think", steps.think)
     relay_module.Relay.send_now = _timed("relay send_now", relay_module.Relay.send_now)
     LeanTransport.handle_async_request = _timed("relay transport exchange", _EXCHANGE)
+
+
+def _time_checkpoints(current: list[str]) -> None:
+    """Time DBOS's step checkpoints (Ledgerloop's, when a rider may come with them) by step
+    and by the kind of run under way (`current[0]`)."""
+    sys_db = _get_dbos_instance()._sys_db
+    inner = sys_db.record_operation_result
+
+    def timed(result: dict[str, Any], **kwargs: Any) -> None:
+        start = time.perf_counter_ns()
+        try:
+            inner(result, **kwargs)
+        finally:
+            label = f"checkpoint {result['function_name']}, {current[0]}"
+            PARTS[label].append((time.perf_counter_ns() - start) / 1e6)
+
+    setattr(sys_db, "record_operation_result", timed)  # noqa: B010
 
 
 def _untimed_transport() -> LeanTransport:
@@ -90,6 +128,8 @@ def main() -> None:
             )
 
             async def body(runtime: Runtime) -> dict[str, Any]:
+                current = ["warm-up"]
+                _time_checkpoints(current)
                 poll = await psycopg.AsyncConnection.connect(url, autocommit=True)
                 probe = await psycopg.AsyncConnection.connect(url, autocommit=True)
                 await probe.execute("CREATE TABLE bench_commit (id bigserial PRIMARY KEY)")
@@ -128,6 +168,7 @@ def main() -> None:
                     PARTS.clear()
                     for _ in range(RUNS):
                         for name, go in jobs.items():
+                            current[0] = name
                             calls = len(PARTS["steps.think"])
                             start = time.perf_counter_ns()
                             await go()

@@ -315,6 +315,144 @@ def test_journal_check(cconn: Conn) -> None:
         assert ours == dbos_answer, broken(name, f"{case}: DBOS {dbos_answer}, ours {ours}")
 
 
+class _Marker:
+    """A checkpoint rider (db.dbos_checkpoint.Rider) that inserts one row."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+        self.runs = 0
+        self.committed_once = False
+
+    def run(self, conn: psycopg.Connection[Any]) -> None:
+        self.runs += 1
+        conn.execute("INSERT INTO contract_rider (value) VALUES (%s)", (self.value,))
+
+    def committed(self) -> None:
+        self.committed_once = True
+
+
+#: The rider each contract_rider workflow's step hands over, by workflow id.
+_MARKERS: dict[str, _Marker] = {}
+
+
+async def _ridden(kind: str) -> str:
+    from ledgerloop.db import dbos_checkpoint
+
+    workflow_id, step_id = DBOS.workflow_id, DBOS.step_id
+    assert workflow_id is not None
+    assert step_id is not None
+    if kind != "none":
+        dbos_checkpoint.ride(workflow_id, step_id, _MARKERS[workflow_id])
+    if kind == "fails":
+        raise ValueError("the step failed")
+    return "ridden"
+
+
+@DBOS.workflow(name="ll_contract_rider")
+async def contract_rider(kind: str) -> str:
+    """One step, which hands a rider to its checkpoint ("rides"), fails after handing it
+    over ("fails") or hands none ("none")."""
+    await DBOS.run_step_async({"name": "mark"}, _mark)
+    try:
+        return await DBOS.run_step_async({"name": "ridden"}, _ridden, kind)
+    except ValueError:
+        return "failed"
+
+
+def _rider_run(cconn: Conn, kind: str) -> tuple[str, _Marker]:
+    workflow_id = str(uuid.uuid4())
+    marker = _MARKERS[workflow_id] = _Marker(workflow_id)
+    cconn.execute(
+        "SELECT dbos.enqueue_workflow('ll_contract_rider', %(queue)s, "
+        "ARRAY[to_json(%(kind)s::text)], workflow_id => %(id)s)",
+        {"queue": QUEUE_NAME, "kind": kind, "id": workflow_id},
+    )
+    _result(workflow_id, "checkpoint-rider")
+    return workflow_id, marker
+
+
+def _ridden_row(cconn: Conn, workflow_id: str) -> dict[str, Any]:
+    row = cconn.execute(
+        "SELECT xmin::text AS xid, * FROM dbos.operation_outputs "
+        "WHERE workflow_uuid = %s AND function_name = 'ridden'",
+        (workflow_id,),
+    ).fetchone()
+    assert row is not None, f"no checkpoint of the step of {workflow_id}"
+    return dict(row)
+
+
+def _marked(cconn: Conn, workflow_id: str) -> list[str]:
+    rows = cconn.execute(
+        "SELECT xmin::text AS xid FROM contract_rider WHERE value = %s", (workflow_id,)
+    ).fetchall()
+    return [r["xid"] for r in rows]
+
+
+def test_checkpoint_rider(cconn: Conn) -> None:
+    from dbos._dbos import _get_dbos_instance
+    from dbos._error import DBOSWorkflowConflictIDError
+
+    from ledgerloop.db import dbos_checkpoint
+
+    name = "checkpoint-rider"
+    sys_db = _get_dbos_instance()._sys_db
+    assert dbos_checkpoint.installed(), broken(
+        name, "the worker did not install the checkpoint (db/dbos_checkpoint.applies)"
+    )
+    cconn.execute("CREATE TABLE IF NOT EXISTS contract_rider (value text)")
+
+    # A rider commits in the step's checkpoint transaction, once, after DBOS's own row.
+    ridden, marker = _rider_run(cconn, "rides")
+    row = _ridden_row(cconn, ridden)
+    assert _marked(cconn, ridden) == [row["xid"]], broken(
+        name, f"the rider's row and the checkpoint were not one transaction: {row}"
+    )
+    assert (marker.runs, marker.committed_once) == (1, True), broken(
+        name, f"the rider ran {marker.runs} times, committed: {marker.committed_once}"
+    )
+    # The same row as DBOS's own checkpoint of the same step writes, but for the times.
+    alone, _ = _rider_run(cconn, "none")
+    times = {"xid", "workflow_uuid", "started_at_epoch_ms", "completed_at_epoch_ms"}
+    ours = {k: v for k, v in row.items() if k not in times and k != "retention_timestamp"}
+    theirs = {
+        k: v
+        for k, v in _ridden_row(cconn, alone).items()
+        if k not in times and k != "retention_timestamp"
+    }
+    assert ours == theirs, broken(name, f"with a rider {ours}, DBOS alone {theirs}")
+    assert row["completed_at_epoch_ms"] is not None
+
+    # A step that fails after handing a rider over: its error is recorded alone.
+    failed, marker = _rider_run(cconn, "fails")
+    assert _ridden_row(cconn, failed)["error"] is not None
+    assert _marked(cconn, failed) == [], broken(name, "a failed step's rider was committed")
+    assert (marker.runs, marker.committed_once) == (0, False)
+
+    # An execution that no longer owns its workflow commits neither the row nor the rider.
+    lost = _Marker(failed)
+    dbos_checkpoint.ride(failed, 99, lost)
+    result = {
+        "workflow_uuid": failed,
+        "function_id": 99,
+        "function_name": "ridden",
+        "output": '"late"',
+        "error": None,
+        "serialization": None,
+        "started_at_epoch_ms": int(time.time() * 1000),
+        "child_workflow_id": None,
+    }
+    with pytest.raises(DBOSWorkflowConflictIDError):
+        sys_db.record_operation_result(result, owner_xid=str(uuid.uuid4()))
+    assert lost.runs == 0, broken(name, f"a lost execution's rider ran {lost.runs} times")
+    assert not lost.committed_once
+    assert _marked(cconn, failed) == [], broken(name, "a lost execution's rider was committed")
+    late = cconn.execute(
+        "SELECT 1 FROM dbos.operation_outputs WHERE workflow_uuid = %s AND function_id = 99",
+        (failed,),
+    ).fetchall()
+    assert late == [], broken(name, "a lost execution's checkpoint was written")
+
+
 def test_cancelled_task_records_nothing(cconn: Conn, contract_worker: str) -> None:
     name = "cancelled-task-records-nothing"
     workflow_id = _start(cconn)

@@ -185,6 +185,39 @@ def test_delivering_worker_killed_inside_the_think_step_that_wrote(
         assert run.state["turns"] == 2
 
 
+@pytest.mark.parametrize("kind", ["idempotent", "lookup"])
+def test_delivering_worker_killed_between_the_answer_and_the_step_that_sends(
+    kind: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
+) -> None:
+    """A write that opens a plain turn is recorded with the checkpoint of the think step
+    whose answer asked for it (agent.write_ahead), claimed by the worker's own relay. That
+    worker, killed right after the checkpoint and before the next step sent the write: the
+    restarted worker repeats the next step, finds the effect by its key under the dead
+    worker's claim and waits; once the claim's lease is out the reconciler settles it (a
+    resend under the key, or a lookup), and the ticket is filed once."""
+    c = cluster(_script(KINDS[kind]))
+    victim = c.start("delivering worker", "step.after:think-0")
+    run_id = start_test_run(conn, "writer", "file one")
+    assert victim.wait(timeout=60) == -9, c.output()
+    (effect,) = effect_list(conn, run_id=run_id)
+    assert effect.status.value == "started"
+    assert httpx.get(f"{tickets.url}/_stats").json()["created"] == 0
+    recorded = conn.execute(
+        "SELECT e.xmin::text = o.xmin::text AS together FROM ledgerloop.agent_run_event e, "
+        "dbos.operation_outputs o WHERE e.run_id = %(id)s AND e.event_type = 'executing' "
+        "AND o.workflow_uuid = %(id)s::text AND o.function_name = 'think-0'",
+        {"id": run_id},
+    ).fetchone()
+    assert recorded is not None
+    assert recorded["together"], "the write was not recorded with think-0's checkpoint"
+    c.start("delivering worker")
+    wait_until(lambda: _settled(conn, run_id), timeout=60)
+    _check_invariants(conn, run_id, tickets)
+    run = run_require(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED, c.output()
+    assert run.state["turns"] == 2
+
+
 def test_a_run_begun_before_writes_rode_the_think_step_keeps_its_write_step(
     conn: Conn, cluster: Any, tickets: TicketServiceThread
 ) -> None:

@@ -112,6 +112,107 @@ def test_a_turn_of_writes_and_reads_is_one_step(
     assert planned["xid"] != xids[f"{run_id}:{calls[0]}"]
 
 
+def _executing_xids(conn: Conn, run_id: Any) -> dict[str, str]:
+    """{write step name: the xid of the transaction that moved the run to executing for it}
+    (the write's own record: its event row is written once, never updated)."""
+    return {
+        row["step"]: row["xid"]
+        for row in conn.execute(
+            "SELECT step, xmin::text AS xid FROM ledgerloop.agent_run_event "
+            "WHERE run_id = %s AND event_type = 'executing'",
+            (run_id,),
+        )
+    }
+
+
+def _checkpoint_xid(conn: Conn, run_id: Any, step: str) -> str:
+    row = conn.execute(
+        "SELECT xmin::text AS xid FROM dbos.operation_outputs "
+        "WHERE workflow_uuid = %s AND function_name = %s",
+        (str(run_id), step),
+    ).fetchone()
+    assert row is not None, f"no checkpoint of {step}"
+    xid: str = row["xid"]
+    return xid
+
+
+def test_a_write_that_opens_a_turn_is_recorded_with_the_answer_that_asked_for_it(
+    conn: Conn,
+    scripted_model: Any,
+    worker: Any,
+    tickets: TicketServiceThread,
+    captured: Captured,
+) -> None:
+    """The first write of a turn that rides the next think step is recorded in think-0's
+    own checkpoint transaction (agent.write_ahead): the answer and the effect commit
+    together. The next step sends it at once, and its tool span takes the span id the
+    recorded delivery already names."""
+    model = scripted_model(
+        """
+default:
+  turns:
+    - tool_use:
+        - {name: ticket_idempotent, input: {title: ahead}}
+        - {name: ticket_idempotent, input: {title: after}}
+    - text: done
+"""
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file two")
+    run = wait_terminal(conn, run_id)
+    assert run.status is RunStatus.SUCCEEDED, run.state
+    assert journal_steps(conn, run_id) == ["memory-load", "think-0", "think-1"]
+    assert _stats(tickets)["created"] == 2
+    effects = effect_list(conn, run_id=run_id)
+    assert [e.status.value for e in effects] == ["succeeded", "succeeded"]
+    first, second = (b["id"] for b in model.requests()[1]["request"]["messages"][-2]["content"])
+    xids = _executing_xids(conn, run_id)
+    answer = _checkpoint_xid(conn, run_id, "think-0")
+    assert xids[f"tool-0-{first}"] == answer
+    # Only the first: the second is recorded by think-1, right before it is sent.
+    assert xids[f"tool-0-{second}"] not in (answer, _checkpoint_xid(conn, run_id, "think-1"))
+    # The delivery recorded ahead is a child of the tool span think-1 opened for it.
+    tools = {
+        dict(s.attributes or {})["gen_ai.tool.call.id"]: s
+        for s in captured.by_kind("execute_tool ticket_idempotent")
+    }
+    posts = captured.by_kind("POST")
+    linked = {link.context.span_id for post in posts for link in post.links}
+    assert tools[first].context.span_id in linked
+    assert tools[second].context.span_id in linked
+    assert tools[first].context.trace_id == tools[second].context.trace_id
+
+
+def test_a_write_is_recorded_ahead_only_when_it_opens_the_turn_and_settles_alone(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    """A write after a read, and a write to a destination that neither honours the key nor
+    can be looked up (a crash between the steps would leave it to a person), are recorded
+    in the step that sends them."""
+    model = scripted_model(
+        """
+conversations:
+  - match: READ FIRST
+    turns:
+      - tool_use:
+          - {name: echo, input: {text: before}}
+          - {name: ticket_idempotent, input: {title: second}}
+      - text: done
+  - match: PLAIN
+    turns:
+      - tool_use: {name: ticket_plain, input: {title: plain}}
+      - text: done
+"""
+    )
+    worker(model.url)
+    for message in ("READ FIRST", "PLAIN"):
+        run_id = start_test_run(conn, "writer", message)
+        assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+        (xid,) = _executing_xids(conn, run_id).values()
+        assert xid != _checkpoint_xid(conn, run_id, "think-0"), message
+    assert _stats(tickets)["created"] == 2
+
+
 def test_a_compensable_write_in_a_think_step_is_undone_when_the_run_fails(
     conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
 ) -> None:

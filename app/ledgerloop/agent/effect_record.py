@@ -19,7 +19,10 @@ hot path of a write turn. A write a relay elsewhere delivers keeps the transacti
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
+from dataclasses import dataclass, replace
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -61,6 +64,30 @@ def not_granted(approval: Approval | None, action_hash: str) -> str | None:
     return None
 
 
+#: The write's one statement; its parameters are `claimed_record_params`'s.
+RECORD_CLAIMED = Q["effect_record_claimed"]
+
+
+def claimed_record_params(
+    lease_margin_s: float,
+    *,
+    step: str,
+    payload: dict[str, Any],
+    approval_id: uuid.UUID | None = None,
+    **facts: Any,
+) -> dict[str, Any]:
+    """`RECORD_CLAIMED`'s parameters: `effect_begin`'s facts, the run's event under `step`
+    with `payload`, the approval that allows the write (None: none needed), and the relay's
+    lease margin for the row born claimed."""
+    return {
+        **effect_insert_params({**facts, "compensates": None}, lease_margin_s),
+        "approval_id": approval_id,
+        "step": step,
+        "payload": Jsonb(payload),
+        "allowed_from": _EXECUTING_FROM,
+    }
+
+
 async def record_claimed_write(
     deliverer: Deliverer,
     pool: ConnectionPool[Conn],
@@ -80,19 +107,13 @@ async def record_claimed_write(
     when the key holds another action. Nothing is written then. A taken key with the same
     action returns the recorded effect, unclaimed: whoever holds its claim delivers it.
     """
-    params = effect_insert_params({**facts, "compensates": None}, deliverer.lease_margin_s)
-    query = {
-        **params,
-        "approval_id": approval_id,
-        "step": step,
-        "payload": Jsonb(payload),
-        "allowed_from": _EXECUTING_FROM,
-    }
-
+    query = claimed_record_params(
+        deliverer.lease_margin_s, step=step, payload=payload, approval_id=approval_id, **facts
+    )
     run_id: uuid.UUID = facts["run_id"]
     # On the deliverer's own connection, on this loop: the delivery follows at once.
     async with deliverer.records() as aconn:
-        cursor = await aconn.execute(Q["effect_record_claimed"], query)
+        cursor = await aconn.execute(RECORD_CLAIMED, query)
         row = await cursor.fetchone()
     if row is None:
         raise RunNotFound(f"no run {run_id}", fix="check the run id")
@@ -114,3 +135,54 @@ async def record_claimed_write(
             return effect_inserted(conn, None, facts)
 
     return await asyncio.to_thread(rare)
+
+
+# -- a write recorded ahead, with the checkpoint of the step that decided it (write_ahead) --
+
+
+@dataclass(frozen=True)
+class Prerecorded:
+    """A write committed with the checkpoint of the think step whose answer asked for it,
+    born claimed by this worker's relay, waiting in memory for the step that sends it."""
+
+    effect: Effect
+    claim: Claim
+    #: The delivery as its outbox row holds it.
+    request: dict[str, Any]
+    #: (trace id, span id) of the tool span its delivery names as parent, when recording.
+    span: tuple[int, int] | None
+    #: time.monotonic() at the commit.
+    at: float
+    #: Seconds from the commit until the row's lease runs out (the reconciler's then).
+    lease_s: float
+
+
+_prerecorded: dict[str, Prerecorded] = {}
+_prerecorded_lock = threading.Lock()
+#: An entry nobody took (the run was cancelled between its steps, the worker stops) is
+#: dropped after this; its effect settles as any unsent claimed row does, after its lease.
+_KEEP_S = 600.0
+
+
+def hand_over(written: Prerecorded) -> None:
+    """Keep a prerecorded write for the step that sends it (`take_prerecorded`)."""
+    with _prerecorded_lock:
+        _prerecorded[written.effect.key] = written
+        stale = [k for k, w in _prerecorded.items() if written.at - w.at > _KEEP_S]
+        for key in stale:
+            del _prerecorded[key]
+
+
+def take_prerecorded(key: str) -> Prerecorded | None:
+    """The write recorded ahead under `key` by this process, once; None when there is none,
+    or when its claim is too old to deliver under (half its lease gone: a relay elsewhere
+    may take it then). Its claim's deadline counts from the commit."""
+    with _prerecorded_lock:
+        written = _prerecorded.pop(key, None)
+    if written is None:
+        return None
+    age = time.monotonic() - written.at
+    if age > written.lease_s / 2:
+        return None
+    claim = replace(written.claim, deadline_in_s=written.claim.deadline_in_s - age)
+    return replace(written, claim=claim)

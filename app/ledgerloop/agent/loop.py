@@ -37,6 +37,7 @@ from ledgerloop.agent.primitives import (
     finish,
     memory_load,
     memory_save,
+    next_ride,
     remember,
     rides_think,
     think,
@@ -106,7 +107,14 @@ async def run_turns(run: RunContext, max_turns: int | None = None) -> dict[str, 
             if reads is not None:  # answered, so the saved conversation stays well formed
                 await _act_all(run, i - 1, reads)
             return await finish(run, RunStatus.FAILED, "deadline_exceeded")
-        thought = await think(run, i, save_answer=True, empty_turns_before=empty_turns, reads=reads)
+        thought = await think(
+            run,
+            i,
+            save_answer=True,
+            empty_turns_before=empty_turns,
+            reads=reads,
+            ride=next_ride(run, i, max_turns),
+        )
         reads = None
         if thought.stop is not None:
             return await finish(run, thought.stop.status, thought.stop.reason, thought.stop.details)

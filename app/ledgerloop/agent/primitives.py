@@ -31,7 +31,15 @@ from typing import Any
 
 from dbos import DBOS
 
-from ledgerloop.agent import act_mcp, compensation_steps, steps, tracing, turn_tools, write_steps
+from ledgerloop.agent import (
+    act_mcp,
+    compensation_steps,
+    steps,
+    tracing,
+    turn_tools,
+    write_ahead,
+    write_steps,
+)
 from ledgerloop.agent.act_sandbox import act_sandbox, destroy_sandboxes
 from ledgerloop.agent.approval_wait import wait_for_approval as wait_for_approval
 from ledgerloop.agent.context import Approved, Ended, Message, RunContext, Stop, Thought
@@ -40,12 +48,13 @@ from ledgerloop.agent.effect_wait import await_effect, remember_compensable
 from ledgerloop.agent.effect_wait import write_effect as write_effect
 from ledgerloop.agent.stepping import CODE_STEP, MODEL_STEP, run_step
 from ledgerloop.agent.steps import is_empty_turn
+from ledgerloop.agent.write_ahead import Ride
 from ledgerloop.failures import NONDETERMINISM, describe, error_name
 from ledgerloop.faults import hit
 from ledgerloop.models.client import Tier
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runtime import get_runtime
-from ledgerloop.tools.registry import HttpEffect, Tool, ToolKind
+from ledgerloop.tools.registry import Tool, ToolKind
 
 # wait_for_approval and write_effect, primitives too, live in approval_wait and effect_wait
 # (for their size) and are re-exported above.
@@ -154,6 +163,7 @@ async def think(
     save_answer: bool = False,
     empty_turns_before: int = 0,
     reads: Message | None = None,
+    ride: Ride | None = None,
 ) -> Thought:
     """Step `think-{i}`: one model call. An empty turn is asked once more of the strong tier
     (step `think-{i}-strong`): the same tier would answer nothing again.
@@ -168,11 +178,15 @@ async def think(
     `save_answer`: an answer nothing may refuse (no answer validator, no sandbox) ends the
     run as succeeded in the same step (steps.save_answer, recorded as `memory-save-{i}`, its
     empty turns counted from `empty_turns_before`); `Thought.saved` then says so. An older
-    journal without that save answers without it, and the caller saves as before."""
+    journal without that save answers without it, and the caller saves as before.
+
+    `ride`: the caller will run the answer's calls in the next think step when they may
+    (`next_ride`): its first plain write is then recorded with this step's checkpoint
+    (agent.write_ahead)."""
     save = save_answer and not run.scope and not run.sandboxes and not run.agent.validate_answer
     before = empty_turns_before
     result = await _think(
-        run, i, tier or Tier(run.agent.tier), save=save, empty=before, reads=reads
+        run, i, tier or Tier(run.agent.tier), save=save, empty=before, reads=reads, ride=ride
     )
     if reads is not None:
         for written in result.get("writes", ()):
@@ -191,13 +205,17 @@ async def think(
         hit("loop.after_tools")
         if "pending" in result:
             tier = tier or Tier(run.agent.tier)
-            result = await _think(run, i, tier, suffix="-settled", save=save, empty=before)
+            result = await _think(
+                run, i, tier, suffix="-settled", save=save, empty=before, ride=ride
+            )
     empty_turns = 0
     if "response" in result and is_empty_turn(result["response"]):
         empty_turns = 1
         if result["tier"] != Tier.STRONG.value:
             strong = Tier.STRONG
-            result = await _think(run, i, strong, suffix="-strong", save=save, empty=before + 1)
+            result = await _think(
+                run, i, strong, suffix="-strong", save=save, empty=before + 1, ride=ride
+            )
     hit("loop.after_think")
     run.now = result["now"]
     if "error" in result:
@@ -224,6 +242,7 @@ async def _think(
     save: bool = False,
     empty: int = 0,
     reads: Message | None = None,
+    ride: Ride | None = None,
 ) -> dict[str, Any]:
     name = f"{run.scope}think-{i}{suffix}"
     # Counted before the step: a step that ends the run reports the run's counts itself.
@@ -251,6 +270,8 @@ async def _think(
             # Only the run's own agent moves the run back to planning (as `replan` says).
             turn.update(writes=writes, tool_step=f"{run.scope}tool-{i - 1}-", moves=not run.scope)
         extra.append(turn)
+    if ride is not None:
+        body = write_ahead.recording_ahead(body, ride)
     result: dict[str, Any] = await run_step(
         name,
         MODEL_STEP,
@@ -300,19 +321,20 @@ def rides_think(run: RunContext, calls: list[dict[str, Any]]) -> bool:
         return True
     if not run.writes_in_think:
         return False
-    policy = get_runtime().policy
-    for call in calls:
-        name = str(call.get("name"))
-        if name in run.mcp_tools:
-            return False
-        tool = run.agent.tool(name)
-        if tool is None or tool.kind is ToolKind.READ:
-            continue
-        if tool.kind is not ToolKind.WRITE or not isinstance(tool.effect, HttpEffect):
-            return False
-        if policy.for_write_tool(name).may_require_approval:
-            return False
-    return True
+    return write_ahead.plain_calls(run.agent, frozenset(run.mcp_tools), calls)
+
+
+def next_ride(run: RunContext, i: int, max_turns: int) -> Ride | None:
+    """What think step `i` is told of the turn after it (`think(ride=)`): its calls may ride
+    think step `i + 1` (there is one, and the run's journal allows writes there)."""
+    if i + 1 >= max_turns or not (run.reads_in_think and run.writes_in_think):
+        return None
+    return Ride(
+        tool_step=f"{run.scope}tool-{i}-",
+        tenant_id=run.tenant_id,
+        deadline=run.deadline,
+        mcp_names=frozenset(run.mcp_tools),
+    )
 
 
 def _write_calls(run: RunContext, message: Message) -> dict[str, str]:

@@ -29,7 +29,12 @@ from pydantic import BaseModel, ValidationError
 from ledgerloop.agent import dbos_waiters
 from ledgerloop.agent.act_mcp import as_tool, mcp_call_facts
 from ledgerloop.agent.definition import get_agent
-from ledgerloop.agent.effect_record import NotGranted, not_granted, record_claimed_write
+from ledgerloop.agent.effect_record import (
+    NotGranted,
+    not_granted,
+    record_claimed_write,
+    take_prerecorded,
+)
 from ledgerloop.agent.stepping import db_call
 from ledgerloop.agent.steps import tool_result
 from ledgerloop.approvals.preview import render_preview
@@ -67,7 +72,7 @@ def _target(tool: Tool) -> str:
     return f"{effect.method} {effect.destination}{effect.path}"
 
 
-def _delivery(
+def delivery_request(
     tool: Tool, body: Any, policy: ToolPolicy, traceparent: str | None
 ) -> DeliveryRequest:
     effect = tool.effect
@@ -118,7 +123,7 @@ def _compensate_path(tool: Tool) -> str | None:
     return effect_facts(tool).compensate_path if isinstance(tool.effect, HttpEffect) else None
 
 
-def _action(tool: Tool, call: dict[str, Any]) -> tuple[dict[str, Any], str, BaseModel]:
+def write_action(tool: Tool, call: dict[str, Any]) -> tuple[dict[str, Any], str, BaseModel]:
     """The validated body, its hash and the validated arguments; raises ValidationError for
     bad arguments."""
     assert tool.body is not None
@@ -158,7 +163,7 @@ def request_approval(
     tool = _tool(agent_name, tool_name, mcp_definition)
     policy = rt.policy.for_write_tool(tool_name)
     try:
-        body, action_hash, args = _action(tool, call)
+        body, action_hash, args = write_action(tool, call)
     except ValidationError as exc:
         return {"invalid": f"invalid arguments for {tool_name}: {exc}"}
     arguments = args.model_dump(mode="json")
@@ -330,6 +335,9 @@ async def _record_effect(
     key = idempotency_key(run_id, call_id)
     policy = rt.policy.for_write_tool(tool_name)
     mcp = mcp_call_facts(tool)
+    # Recorded already, with the checkpoint of the think step that asked for it (write_ahead):
+    # its delivery names this span, which takes the ids it was given then.
+    ahead = take_prerecorded(key)
     with tool_span(
         tool_name,
         call_id,
@@ -338,11 +346,12 @@ async def _record_effect(
         idempotency_key=key,
         description=tool.description,
         mcp=mcp,
+        planned=ahead.span if ahead is not None else None,
     ) as span:
         if approval_id:
             span.set_approval_id(approval_id)
         try:
-            body, action_hash, args = _action(tool, call)
+            body, action_hash, args = write_action(tool, call)
         except ValidationError as exc:
             span.record_error("InvalidArguments", "arguments failed validation")
             return {
@@ -363,9 +372,9 @@ async def _record_effect(
                 )
             }, None
         # The relay's delivery span links to this one, under the run's root.
-        delivery = _delivery(tool, body, policy, span_traceparent(span.span))
+        delivery = delivery_request(tool, body, policy, span_traceparent(span.span))
         # This worker's relay, when it runs one on this loop: it sends the effect now.
-        deliverer = _deliverer()
+        deliverer = local_deliverer()
 
         facts: dict[str, Any] = {
             "key": key,
@@ -379,14 +388,22 @@ async def _record_effect(
         moved = {"tool_call_id": call_id, "idempotency_key": key}
 
         def with_claim(
-            effect: Effect, claim: Claim | None
+            effect: Effect, claim: Claim | None, request: dict[str, Any] | None = None
         ) -> tuple[dict[str, Any], Claimed | None]:
             recorded = {**_recorded(effect), "compensable": _compensate_path(tool) is not None}
             if claim is None:
                 return recorded, None
-            return recorded, Claimed.at_insert(effect, claim, delivery.to_json(), replan_step)
+            request = request if request is not None else delivery.to_json()
+            return recorded, Claimed.at_insert(effect, claim, request, replan_step)
 
         async def record() -> tuple[dict[str, Any], Claimed | None]:
+            if (
+                ahead is not None
+                and deliverer is not None
+                and approval_id is None
+                and ahead.effect.request_hash == action_hash
+            ):
+                return with_claim(ahead.effect, ahead.claim, ahead.request)
             if deliverer is not None:
                 # One statement, one round trip (agent.effect_record).
                 try:
@@ -476,7 +493,7 @@ def settled_result(call_id: str, outcome: dict[str, Any]) -> dict[str, Any]:
     return tool_result(call_id, content)
 
 
-def _deliverer() -> Deliverer | None:
+def local_deliverer() -> Deliverer | None:
     deliverer = get_runtime().deliverer
     return deliverer if deliverer is not None and deliverer.delivers_here() else None
 

@@ -173,14 +173,11 @@ def _start(
 ) -> Span:
     """Start a span with the given ids (under the SDK), parented to ``parent`` or a root."""
     real = _sdk_tracer(tel)
-    if real is not None and not isinstance(real.id_generator, _ForcedIds):
-        real.id_generator = _ForcedIds(real.id_generator)
     context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else None
     if context is None:
         # No parent: an explicit empty context, or the current span would become the parent.
         context = Context()
-    token = _FORCED.set((trace_id, span_id))
-    try:
+    with forcing_ids(tel, trace_id, span_id):
         return (real or tel.tracer).start_span(
             name,
             context=context,
@@ -189,8 +186,30 @@ def _start(
             links=links,
             start_time=start_time,
         )
+
+
+@contextmanager
+def forcing_ids(tel: Telemetry, trace_id: int, span_id: int) -> Iterator[None]:
+    """Spans started inside get `span_id` (and `trace_id` when they have no parent): a span
+    whose identity was decided, and handed to others, before it started."""
+    real = _sdk_tracer(tel)
+    if real is not None and not isinstance(real.id_generator, _ForcedIds):
+        real.id_generator = _ForcedIds(real.id_generator)
+    token = _FORCED.set((trace_id, span_id))
+    try:
+        yield
     finally:
         _FORCED.reset(token)
+
+
+def planned_span() -> tuple[str, tuple[int, int]] | None:
+    """A traceparent for a span not started yet, a child of the current span's trace, with
+    its ids (for `forcing_ids`); None when nothing records."""
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    planned = SpanContext(ctx.trace_id, new_span_id(), is_remote=False, trace_flags=ctx.trace_flags)
+    return traceparent(planned), (ctx.trace_id, planned.span_id)
 
 
 def sampled(tel: Telemetry, trace_id: int) -> bool:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from ledgerloop.telemetry import semconv as sc
+from ledgerloop.telemetry.runtrace import forcing_ids
 from ledgerloop.telemetry.spans import (
     Attrs,
     Telemetry,
@@ -106,6 +107,7 @@ def tool_span(
     idempotency_key: str | None = None,
     description: str | None = None,
     telemetry: Telemetry | None = None,
+    planned: tuple[int, int] | None = None,
 ) -> Iterator[ToolRecorder]:
     """Open ``execute_tool {tool_name}`` (INTERNAL) around one tool execution.
 
@@ -113,7 +115,8 @@ def tool_span(
     journal on replay. ``agent_name`` defaults to the enclosing ``agent_span``'s. With ``mcp``
     the MCP attributes go on this span and no second span is made; the kind stays INTERNAL
     (the conventions do not say which kind a merged span keeps). Records
-    ``gen_ai.execute_tool.duration`` on exit.
+    ``gen_ai.execute_tool.duration`` on exit. ``planned``: the (trace id, span id) the
+    span takes, when its traceparent was handed out before it started (runtrace.planned_span).
     """
     tel = telemetry or get_telemetry()
     invocation = _current_agent.get()
@@ -143,12 +146,13 @@ def tool_span(
     if invocation is not None:
         invocation.tool_calls += 1
     start_ns = time.time_ns()
-    span = tel.tracer.start_span(
-        sc.tool_span_name(tool_name),
-        kind=SpanKind.INTERNAL,
-        attributes=attrs,
-        start_time=start_ns,
-    )
+    with forcing_ids(tel, *planned) if planned else nullcontext():
+        span = tel.tracer.start_span(
+            sc.tool_span_name(tool_name),
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=start_ns,
+        )
     recorder = ToolRecorder(span)
     try:
         with trace.use_span(span, record_exception=False, set_status_on_exception=False):
