@@ -327,24 +327,33 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         name="checkpoint-rider",
-        uses="SystemDatabase.record_operation_result replaced on the process's DBOS instance; "
-        "for a step with a rider, DBOS's own SystemDatabase._record_operation_result_txn, "
-        "_own_key, engine and dbos._sys_db.db_retry, then Ledgerloop's statement on the same "
-        "connection (Connection.connection.driver_connection, a psycopg connection) before "
-        "the commit",
-        relies_on="DBOS writes a step's checkpoint through record_operation_result(result, "
-        "completed_at_epoch_ms=, owner_xid=, owner_key=) after the step body returned, "
-        "result naming workflow_uuid and function_id (the step's DBOS.step_id), with error "
-        "None for a step that succeeded; _record_operation_result_txn(result, completed_at, "
-        "conn, owner_xid=) writes the row it would write, inside the caller's transaction, "
-        "and raises DBOSWorkflowConflictIDError there when the execution no longer owns the "
-        "workflow",
-        why="a write the model asked for must commit with the answer that asked for it to "
-        "cost the turn no commit of its own; DBOS has no public hook into a step's checkpoint "
-        "transaction",
-        used_in=("app/ledgerloop/db/dbos_checkpoint.py",),
+        uses="SystemDatabase.record_operation_result replaced on the process's DBOS instance "
+        "by one statement over dbos.workflow_status (the owner token, FOR NO KEY UPDATE) and "
+        "dbos.operation_outputs (the step's row, its columns as DBOS writes them), with a "
+        "step's rider statement in the same transaction; dbos._context.current_owner_xid for "
+        "the token; SystemDatabase.app_name, _child_values, _wf_values and what journal-check "
+        "reads to tell where it applies; DBOSWorkflowConflictIDError and "
+        "DBOSStepNondeterminismError raised as DBOS raises them",
+        relies_on="DBOS writes every operation's checkpoint through "
+        "record_operation_result(result, completed_at_epoch_ms=, owner_xid=, owner_key=), "
+        "result naming workflow_uuid, function_id (a step's DBOS.step_id), function_name, "
+        "output, error, child_workflow_id, serialization and started_at_epoch_ms; the row it "
+        "writes has those, completed_at_epoch_ms, application_name and retention_timestamp "
+        "(now in epoch ms); it raises DBOSWorkflowConflictIDError when the token it checks "
+        "(owner_xid, else the running execution's) does not own the workflow, and "
+        "DBOSStepNondeterminismError when a row with another completion time is there",
+        why="DBOS's checkpoint is a transaction of four SQLAlchemy statements after every "
+        "operation, and has no setting for a lighter one; and a write the model asked for "
+        "must commit with the answer that asked for it to cost the turn no commit of its own, "
+        "for which DBOS has no hook",
+        used_in=("app/ledgerloop/db/dbos_checkpoint.py", "app/ledgerloop/db/dbos_checkpoint.sql"),
         tables=("operation_outputs", "workflow_status"),
-        private_names=("dbos._dbos._get_dbos_instance", "dbos._sys_db.db_retry"),
+        private_names=(
+            "dbos._context.current_owner_xid",
+            "dbos._dbos._get_dbos_instance",
+            "dbos._error.DBOSStepNondeterminismError",
+            "dbos._error.DBOSWorkflowConflictIDError",
+        ),
     ),
     Internal(
         name="fleet-owner-token",

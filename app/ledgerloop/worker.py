@@ -228,7 +228,7 @@ async def run_worker(
         DBOS.launch()
         launched = True
         dbos_journal.install(runtime.pool)
-        dbos_checkpoint.install()
+        dbos_checkpoint.install(runtime.pool)
         queue = await DBOS.register_queue_async(
             QUEUE_NAME, worker_concurrency=settings.worker_concurrency
         )

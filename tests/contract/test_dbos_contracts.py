@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 import uuid
@@ -451,6 +452,105 @@ def test_checkpoint_rider(cconn: Conn) -> None:
         (failed,),
     ).fetchall()
     assert late == [], broken(name, "a lost execution's checkpoint was written")
+
+
+@contextlib.contextmanager
+def _dbos_own_checkpoint() -> Any:
+    """DBOS's own checkpoint on the worker's instance while inside."""
+    from dbos._dbos import _get_dbos_instance
+
+    sys_db = _get_dbos_instance()._sys_db
+    ours = vars(sys_db).pop("record_operation_result")
+    try:
+        yield
+    finally:
+        sys_db.record_operation_result = ours
+
+
+def _journal_rows(cconn: Conn, workflow_id: str) -> list[dict[str, Any]]:
+    """A workflow's checkpoints as written, its own id (in child ids) made generic."""
+    rows = cconn.execute(
+        "SELECT * FROM dbos.operation_outputs WHERE workflow_uuid = %s ORDER BY function_id",
+        (workflow_id,),
+    ).fetchall()
+    made = []
+    for row in rows:
+        for column in ("started_at_epoch_ms", "completed_at_epoch_ms", "retention_timestamp"):
+            assert row[column] is not None, (column, row)
+        kept = {
+            k: v.replace(workflow_id, "W") if isinstance(v, str) else v
+            for k, v in row.items()
+            if k not in ("started_at_epoch_ms", "completed_at_epoch_ms", "retention_timestamp")
+        }
+        if kept["function_name"] == "DBOS.sleep":  # its output is the wake-up time
+            kept["output"] = type(json.loads(kept["output"])).__name__
+        made.append(kept)
+    return made
+
+
+def test_checkpoint_rider_writes_what_dbos_writes(cconn: Conn) -> None:
+    from dbos._dbos import _get_dbos_instance
+    from dbos._error import DBOSStepNondeterminismError, DBOSWorkflowConflictIDError
+
+    name = "checkpoint-rider"
+    journals = []
+    for own in (False, True):
+        workflow_id = str(uuid.uuid4())
+        with _dbos_own_checkpoint() if own else contextlib.nullcontext():
+            cconn.execute(
+                "SELECT dbos.enqueue_workflow('ll_contract_journal', %(queue)s, "
+                "ARRAY[]::json[], workflow_id => %(id)s)",
+                {"queue": QUEUE_NAME, "id": workflow_id},
+            )
+            assert _result(workflow_id, name) == "journaled"
+        journals.append((workflow_id, _journal_rows(cconn, workflow_id)))
+    (ours_id, ours), (_, dbos) = journals
+    assert ours == dbos, broken(name, f"ours wrote {ours}, DBOS {dbos}")
+    kinds = {k for row in ours for k in ("output", "error", "child_workflow_id") if row[k]}
+    assert kinds == {"output", "error", "child_workflow_id"}, ours
+
+    # The same answers to a retry (the same time), another time, and another owner.
+    sys_db = _get_dbos_instance()._sys_db
+    (first,) = cconn.execute(
+        "SELECT * FROM dbos.operation_outputs WHERE workflow_uuid = %s AND function_id = "
+        "(SELECT min(function_id) FROM dbos.operation_outputs WHERE workflow_uuid = %s)",
+        (ours_id, ours_id),
+    ).fetchall()
+    result = {
+        k: first[k]
+        for k in (
+            "workflow_uuid",
+            "function_id",
+            "function_name",
+            "output",
+            "error",
+            "serialization",
+            "started_at_epoch_ms",
+            "child_workflow_id",
+        )
+    }
+    same = first["completed_at_epoch_ms"]
+    owner = _row(cconn, ours_id)["owner_xid"]
+    for label, kwargs, raised in (
+        ("a retry", {"completed_at_epoch_ms": same, "owner_xid": owner}, None),
+        ("another time", {"completed_at_epoch_ms": same + 1, "owner_xid": owner}, "nondet"),
+        ("another owner", {"owner_xid": str(uuid.uuid4())}, "conflict"),
+    ):
+        answers = []
+        for own in (False, True):
+            with _dbos_own_checkpoint() if own else contextlib.nullcontext():
+                try:
+                    sys_db.record_operation_result(dict(result), **kwargs)
+                    answers.append(None)
+                except DBOSStepNondeterminismError as exc:
+                    answers.append(("nondet", str(exc)))
+                except DBOSWorkflowConflictIDError as exc:
+                    answers.append(("conflict", str(exc)))
+        assert answers[0] == answers[1], broken(
+            name, f"{label}: ours {answers[0]}, DBOS {answers[1]}"
+        )
+        assert (answers[0] or (None,))[0] == raised, (label, answers)
+    assert _journal_rows(cconn, ours_id) == ours, broken(name, "a refused checkpoint wrote")
 
 
 def test_cancelled_task_records_nothing(cconn: Conn, contract_worker: str) -> None:

@@ -183,15 +183,17 @@ class _Record:
         self.request = request
         self.span = span
         self.lease_s = lease_s
-        self.row: dict[str, Any] | None = None
+        self.cursor: psycopg.Cursor[dict[str, Any]] | None = None
 
     def run(self, conn: psycopg.Connection[Any]) -> None:
-        with conn.cursor(row_factory=dict_row) as cursor:
-            cursor.execute(RECORD_CLAIMED, self.params)
-            self.row = cursor.fetchone()
+        # Pipelined with the checkpoint's COMMIT: its answer is read once both are in.
+        self.cursor = conn.cursor(row_factory=dict_row)
+        self.cursor.execute(RECORD_CLAIMED, self.params)
 
     def committed(self) -> None:
-        row = self.row
+        assert self.cursor is not None
+        with self.cursor as cursor:
+            row = cursor.fetchone()
         if row is None or row["idempotency_key"] is None:
             # Nothing written (the run was not there, the key was taken): the next step
             # records, or finds, the write itself and says why.

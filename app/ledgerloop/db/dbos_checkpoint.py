@@ -1,20 +1,25 @@
-"""A statement of Ledgerloop's committed in the same transaction as a DBOS step's checkpoint.
+"""DBOS's step checkpoint as one statement, and a statement of Ledgerloop's committed with it.
 
 DBOS writes a step's checkpoint (`SystemDatabase.record_operation_result`) after the step's
-body returned: a transaction that checks this execution still owns the workflow and inserts
-the step's row into dbos.operation_outputs. A step body that has something to commit only if
-its result is journaled (a write the model asked for in this step's answer) can hand a
-`Rider` to `ride`; the checkpoint then runs the rider's statement on the same connection,
-inside the same transaction, after DBOS's own row: the two commit together or not at all,
-and the statement costs one round trip, no commit of its own.
+body returned: a transaction, built and compiled through SQLAlchemy, that locks the workflow's
+row to check this execution still owns it and inserts the step's row into
+dbos.operation_outputs (BEGIN, SELECT ... FOR NO KEY UPDATE, INSERT, COMMIT, on a connection
+the pool pings first). On a worker that is a third of a step's time. The same write is one
+statement on a connection of Ledgerloop's pool (`step_checkpoint`): one round trip and its
+commit.
 
-`install` replaces the checkpoint on this process's DBOS instance, where `applies` says DBOS's
-own transaction can be reused (an unsharded Postgres system database); the replacement runs
-DBOS's own `_record_operation_result_txn` (its owner check, its conflict rules, its retries)
-and calls DBOS's checkpoint unchanged for every step that has no rider. The DBOS internal
-`checkpoint-rider` (ledgerloop.dbos_internals) lists what this relies on; its contract test
-compares the rows both write and checks that an execution that lost its workflow commits
-neither.
+A step body that has something to commit only if its result is journaled (a write the model
+asked for in this step's answer, agent.write_ahead) hands a `Rider` to `ride`; the checkpoint
+then runs the rider's statement in the same transaction, after its own row: the two commit
+together or not at all, and the statement costs one round trip, no commit of its own.
+
+`install` replaces the checkpoint on this process's DBOS instance, for an unsharded Postgres
+system database only (`applies`); anything else, a call that names a shard key, and a call
+whose connection fails go to DBOS's own checkpoint (which retries until the database is
+back), without the rider. The DBOS internal `checkpoint-rider` (ledgerloop.dbos_internals)
+lists what this relies on; its contract test compares the rows both write, and checks that
+an execution that lost its workflow, or a step recorded already with another time, raises
+what DBOS raises and commits nothing.
 """
 
 from __future__ import annotations
@@ -26,12 +31,17 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import psycopg
+from dbos._context import current_owner_xid
 from dbos._dbos import _get_dbos_instance
-from dbos._sys_db import db_retry
+from dbos._error import DBOSStepNondeterminismError, DBOSWorkflowConflictIDError
+from psycopg_pool import ConnectionPool
 
 from ledgerloop.db import dbos_journal
+from ledgerloop.db.sql import load_queries
 
 log = logging.getLogger(__name__)
+
+Q = load_queries("ledgerloop.db", "dbos_checkpoint.sql")
 
 #: `SystemDatabase.record_operation_result`'s shape.
 Checkpoint = Callable[..., None]
@@ -41,8 +51,8 @@ class Rider(Protocol):
     """A statement to commit with one step's checkpoint."""
 
     def run(self, conn: psycopg.Connection[Any]) -> None:
-        """Execute on `conn`, inside the checkpoint's transaction (not committed yet). Called
-        again if DBOS retries the transaction after a connection failure."""
+        """Execute on `conn` (dict rows, in pipeline mode: read results in `committed`),
+        inside the checkpoint's transaction, after the checkpoint's row was written."""
 
     def committed(self) -> None:
         """The checkpoint and the statement committed (not called when they did not)."""
@@ -73,15 +83,24 @@ def _take(workflow_id: str, function_id: int) -> Rider | None:
 
 
 def applies(sys_db: Any) -> bool:
-    """Whether `checkpoint` can run DBOS's own checkpoint transaction on `sys_db`."""
-    return dbos_journal.applies(sys_db) and all(
-        callable(getattr(sys_db, name, None))
-        for name in ("record_operation_result", "_record_operation_result_txn", "_own_key")
-    )
+    """Whether `step_checkpoint` writes what DBOS's checkpoint writes on `sys_db` (the same
+    unsharded Postgres system database the journal check reads)."""
+    try:
+        return (
+            dbos_journal.applies(sys_db)
+            and callable(type(sys_db).record_operation_result)
+            and isinstance(sys_db.app_name, str | None)
+            # No column beyond those the statement writes (a sharded DBOS adds key columns).
+            and sys_db._child_values(None) == {}
+            and sys_db._wf_values("w") == {}
+        )
+    except Exception:  # another DBOS: its own checkpoint, whatever it does now
+        return False
 
 
-def checkpoint(sys_db: Any, original: Checkpoint) -> Checkpoint:
-    """A drop-in for `sys_db.record_operation_result` that commits a step's rider with it."""
+def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> Checkpoint:
+    """A drop-in for `sys_db.record_operation_result`: one statement on `pool`, and a step's
+    rider in the same transaction."""
 
     def record(
         result: dict[str, Any],
@@ -90,8 +109,11 @@ def checkpoint(sys_db: Any, original: Checkpoint) -> Checkpoint:
         owner_xid: str | None = None,
         owner_key: str | None = None,
     ) -> None:
-        rider = _take(result["workflow_uuid"], result["function_id"])
-        if rider is None or result["error"] is not None or owner_key is not None:
+        workflow_id = result["workflow_uuid"]
+        rider = _take(workflow_id, result["function_id"])
+        if result["error"] is not None:
+            rider = None  # a failed step's error is recorded alone
+        if owner_key is not None:
             original(
                 result,
                 completed_at_epoch_ms=completed_at_epoch_ms,
@@ -99,32 +121,84 @@ def checkpoint(sys_db: Any, original: Checkpoint) -> Checkpoint:
                 owner_key=owner_key,
             )
             return
-        # Fixed outside the retry, as DBOS does: a retry after a commit whose answer was lost
+        # Fixed before any retry, as DBOS does: a retry after a commit whose answer was lost
         # finds its own row by this time, not a conflicting one.
         completed_at = completed_at_epoch_ms or int(time.time() * 1000)
-
-        @db_retry(sys_db=sys_db)
-        def once() -> None:
-            with sys_db._own_key(result["workflow_uuid"]), sys_db.engine.begin() as c:
-                sys_db._record_operation_result_txn(result, completed_at, c, owner_xid=owner_xid)
-                rider.run(c.connection.driver_connection)
-
-        once()
-        rider.committed()
+        owner = owner_xid if owner_xid is not None else current_owner_xid(workflow_id)
+        params = {
+            "workflow_uuid": workflow_id,
+            "function_id": result["function_id"],
+            "function_name": result["function_name"],
+            "started_at_epoch_ms": result["started_at_epoch_ms"],
+            "completed_at_epoch_ms": completed_at,
+            "output": result["output"],
+            "error": result["error"],
+            "child_workflow_id": result["child_workflow_id"],
+            "serialization": result["serialization"],
+            "application_name": sys_db.app_name,
+            "owner_xid": owner,
+        }
+        try:
+            with pool.connection() as conn:
+                if rider is not None and _with_rider(conn, params, result, rider):
+                    rider.committed()
+                    return
+                conn.autocommit = True
+                try:
+                    row = conn.execute(Q["step_checkpoint"], params).fetchone()
+                    _verdict(row, result, completed_at)
+                finally:
+                    conn.autocommit = False
+        except psycopg.OperationalError:
+            # The connection failed: DBOS's own checkpoint, which waits for the database
+            # (db_retry). A row this attempt committed is found there with the same time.
+            original(result, completed_at_epoch_ms=completed_at, owner_xid=owner_xid)
 
     return record
 
 
-def install() -> bool:
-    """Let steps' riders commit with their checkpoints on this process's DBOS (after
+def _with_rider(
+    conn: psycopg.Connection[Any], params: dict[str, Any], result: dict[str, Any], rider: Rider
+) -> bool:
+    """The checkpoint and `rider` in one transaction, in two round trips (pipelined: BEGIN
+    with the checkpoint, then the rider's statement with the COMMIT). False when the rider's
+    statement failed: nothing committed, and the checkpoint is to be written alone (the
+    rider is a shortcut; the step it serves does its work itself then)."""
+    try:
+        with conn.pipeline(), conn.transaction():
+            row = conn.execute(Q["step_checkpoint"], params).fetchone()
+            _verdict(row, result, params["completed_at_epoch_ms"])  # raises: neither commits
+            rider.run(conn)
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error:
+        log.warning("a checkpoint's rider failed; the checkpoint is written alone", exc_info=True)
+        return False
+    return True
+
+
+def _verdict(row: dict[str, Any] | None, result: dict[str, Any], completed_at: int) -> None:
+    """Raise what DBOS's checkpoint raises for what `step_checkpoint` found: another owner,
+    or a row already there with another completion time (not this attempt's retry)."""
+    assert row is not None  # the statement always answers one row
+    if not row["written"]:
+        raise DBOSWorkflowConflictIDError(result["workflow_uuid"])
+    stored = row["completed_at_epoch_ms"]
+    if stored is None or int(stored) != completed_at:
+        raise DBOSStepNondeterminismError(result["workflow_uuid"], result["function_id"])
+
+
+def install(pool: ConnectionPool[Any]) -> bool:
+    """Write this process's DBOS step checkpoints through `pool`, riders with them (after
     DBOS.launch); False when DBOS's own checkpoint stays and no rider is ever taken (`ride`'s
     callers then commit their statements themselves: `installed` says which)."""
     sys_db = _get_dbos_instance()._sys_db
     if not applies(sys_db):
-        log.info("DBOS's system database is not an unsharded Postgres: no checkpoint riders")
+        log.info("DBOS's system database is not an unsharded Postgres: its own checkpoint")
         return False
     original = type(sys_db).record_operation_result.__get__(sys_db)
-    setattr(sys_db, "record_operation_result", checkpoint(sys_db, original))  # noqa: B010
+    # On the instance, so DBOS's class (and any other DBOS in the process) keeps its own.
+    setattr(sys_db, "record_operation_result", checkpoint(sys_db, pool, original))  # noqa: B010
     return True
 
 

@@ -1,0 +1,30 @@
+-- DBOS's step checkpoint, in one statement (db/dbos_checkpoint.py, the DBOS internal
+-- `checkpoint-rider`).
+
+-- name: step_checkpoint
+-- What SystemDatabase._record_operation_result_txn writes and checks inside BEGIN ... COMMIT:
+-- the workflow's owner token locked and compared (when there is one to compare), then the
+-- operation's row, or, when one is there already, its completion time unchanged (a retry
+-- carries the same time; another time is nondeterminism, which the caller raises). Nothing
+-- is written when the owner differs: `owner_xid` then says whose the workflow is.
+WITH owner AS (
+  SELECT owner_xid FROM dbos.workflow_status
+  WHERE workflow_uuid = %(workflow_uuid)s AND %(owner_xid)s::text IS NOT NULL
+  FOR NO KEY UPDATE
+), written AS (
+  INSERT INTO dbos.operation_outputs
+    (workflow_uuid, function_id, function_name, started_at_epoch_ms, completed_at_epoch_ms,
+     output, error, child_workflow_id, serialization, application_name, retention_timestamp)
+  SELECT %(workflow_uuid)s, %(function_id)s, %(function_name)s, %(started_at_epoch_ms)s,
+         %(completed_at_epoch_ms)s, %(output)s, %(error)s, %(child_workflow_id)s,
+         %(serialization)s, %(application_name)s,
+         CAST(extract(epoch FROM now()) * 1000 AS bigint)
+  WHERE %(owner_xid)s::text IS NULL
+     OR (SELECT owner_xid FROM owner) IS NOT DISTINCT FROM %(owner_xid)s::text
+  ON CONFLICT (workflow_uuid, function_id)
+    DO UPDATE SET completed_at_epoch_ms = dbos.operation_outputs.completed_at_epoch_ms
+  RETURNING completed_at_epoch_ms
+)
+SELECT (SELECT owner_xid FROM owner) AS owner_xid,
+       EXISTS (SELECT 1 FROM written) AS written,
+       (SELECT completed_at_epoch_ms FROM written) AS completed_at_epoch_ms
