@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from ledgerloop.agent.definition import Agent, register_agent
 from ledgerloop.db.cluster import LocalCluster
+from ledgerloop.db.dbos_checkpoint import dbos_own_checkpoint
 from ledgerloop.db.dbos_journal import dbos_own_check
 from ledgerloop.runs.start import start_run
 from ledgerloop.runtime import Runtime, get_runtime
@@ -226,9 +227,9 @@ class Meter:
 
 
 async def _run_bare(n: int) -> None:
-    # The worker's DBOS instance answers its journal check with Ledgerloop's statement;
-    # bare DBOS is measured with DBOS's own.
-    with dbos_own_check():
+    # The worker's DBOS instance answers its journal check and writes its checkpoints with
+    # Ledgerloop's statements; bare DBOS is measured with DBOS's own.
+    with dbos_own_check(), dbos_own_checkpoint():
         for _ in range(n):
             handle = await DBOS.start_workflow_async(bench_bare_turns, f"bench {uuid.uuid4()}")
             answer = await handle.get_result()

@@ -85,6 +85,8 @@ def _install_timers() -> None:
     ahead = getattr(write_ahead, "_Record", None)  # absent from a checkout before it
     if ahead is not None:
         ahead.run = _timed_sync("record ahead (in the checkpoint)", ahead.run)
+        if os.environ.get("BENCH_NO_WRITE_AHEAD"):  # to measure what recording ahead saves
+            write_ahead._offer = lambda *args: None
     steps.think = _timed("steps.think", steps.think)
     relay_module.Relay.send_now = _timed("relay send_now", relay_module.Relay.send_now)
     LeanTransport.handle_async_request = _timed("relay transport exchange", _EXCHANGE)

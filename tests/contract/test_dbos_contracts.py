@@ -23,6 +23,7 @@ from dbos import DBOS, DBOSClient, DBOSPortableJSONSerializer
 
 from ledgerloop.agent.loop import QUEUE_NAME
 from ledgerloop.db.connect import Conn
+from ledgerloop.db.dbos_checkpoint import dbos_own_checkpoint
 from ledgerloop.db.sql import load_queries
 from ledgerloop.dbos_internals import internal
 from ledgerloop.runs.start import grant_start_run, start_run
@@ -454,19 +455,6 @@ def test_checkpoint_rider(cconn: Conn) -> None:
     assert late == [], broken(name, "a lost execution's checkpoint was written")
 
 
-@contextlib.contextmanager
-def _dbos_own_checkpoint() -> Any:
-    """DBOS's own checkpoint on the worker's instance while inside."""
-    from dbos._dbos import _get_dbos_instance
-
-    sys_db = _get_dbos_instance()._sys_db
-    ours = vars(sys_db).pop("record_operation_result")
-    try:
-        yield
-    finally:
-        sys_db.record_operation_result = ours
-
-
 def _journal_rows(cconn: Conn, workflow_id: str) -> list[dict[str, Any]]:
     """A workflow's checkpoints as written, its own id (in child ids) made generic."""
     rows = cconn.execute(
@@ -496,7 +484,7 @@ def test_checkpoint_rider_writes_what_dbos_writes(cconn: Conn) -> None:
     journals = []
     for own in (False, True):
         workflow_id = str(uuid.uuid4())
-        with _dbos_own_checkpoint() if own else contextlib.nullcontext():
+        with dbos_own_checkpoint() if own else contextlib.nullcontext():
             cconn.execute(
                 "SELECT dbos.enqueue_workflow('ll_contract_journal', %(queue)s, "
                 "ARRAY[]::json[], workflow_id => %(id)s)",
@@ -538,7 +526,7 @@ def test_checkpoint_rider_writes_what_dbos_writes(cconn: Conn) -> None:
     ):
         answers = []
         for own in (False, True):
-            with _dbos_own_checkpoint() if own else contextlib.nullcontext():
+            with dbos_own_checkpoint() if own else contextlib.nullcontext():
                 try:
                     sys_db.record_operation_result(dict(result), **kwargs)
                     answers.append(None)
