@@ -66,16 +66,16 @@ _lock = threading.Lock()
 def ride(workflow_id: str, function_id: int, rider: Rider) -> None:
     """Commit `rider` with the checkpoint of operation `function_id` of `workflow_id` (the
     step now running: call it from the step's body). A later call for the same step replaces
-    it. Only a step that succeeds carries it; a failed step's error is recorded alone."""
+    it. Only a step that succeeds carries it; a failed step's error is recorded alone.
+
+    DBOS checkpoints every step whose body returned, so each rider is taken; one of an
+    earlier operation of the same workflow still here (its execution stopped between the
+    body and the checkpoint) is dropped now: a workflow's steps run one at a time."""
     with _lock:
+        stale = [k for k in _riders if k[0] == workflow_id and k[1] < function_id]
+        for key in stale:
+            del _riders[key]
         _riders[(workflow_id, function_id)] = rider
-
-
-def drop(workflow_id: str, function_id: int) -> None:
-    """Forget a rider its checkpoint did not take (the step failed, or another DBOS checked
-    it): nothing of it was written."""
-    with _lock:
-        _riders.pop((workflow_id, function_id), None)
 
 
 def _take(workflow_id: str, function_id: int) -> Rider | None:
