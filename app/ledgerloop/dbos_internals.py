@@ -326,7 +326,7 @@ INTERNALS: tuple[Internal, ...] = (
         ),
     ),
     Internal(
-        name="checkpoint-rider",
+        name="step-checkpoint",
         uses="SystemDatabase.record_operation_result replaced on the process's DBOS instance "
         "by one statement over dbos.workflow_status (the owner token, FOR NO KEY UPDATE) and "
         "dbos.operation_outputs (the step's row, its columns as DBOS writes them), with a "

@@ -369,7 +369,7 @@ def _rider_run(cconn: Conn, kind: str) -> tuple[str, _Marker]:
         "ARRAY[to_json(%(kind)s::text)], workflow_id => %(id)s)",
         {"queue": QUEUE_NAME, "kind": kind, "id": workflow_id},
     )
-    _result(workflow_id, "checkpoint-rider")
+    _result(workflow_id, "step-checkpoint")
     return workflow_id, marker
 
 
@@ -390,13 +390,13 @@ def _marked(cconn: Conn, workflow_id: str) -> list[str]:
     return [r["xid"] for r in rows]
 
 
-def test_checkpoint_rider(cconn: Conn) -> None:
+def test_step_checkpoint(cconn: Conn) -> None:
     from dbos._dbos import _get_dbos_instance
     from dbos._error import DBOSWorkflowConflictIDError
 
     from ledgerloop.db import dbos_checkpoint
 
-    name = "checkpoint-rider"
+    name = "step-checkpoint"
     sys_db = _get_dbos_instance()._sys_db
     assert dbos_checkpoint.installed(), broken(
         name, "the worker did not install the checkpoint (db/dbos_checkpoint.applies)"
@@ -476,11 +476,11 @@ def _journal_rows(cconn: Conn, workflow_id: str) -> list[dict[str, Any]]:
     return made
 
 
-def test_checkpoint_rider_writes_what_dbos_writes(cconn: Conn) -> None:
+def test_step_checkpoint_writes_what_dbos_writes(cconn: Conn) -> None:
     from dbos._dbos import _get_dbos_instance
     from dbos._error import DBOSStepNondeterminismError, DBOSWorkflowConflictIDError
 
-    name = "checkpoint-rider"
+    name = "step-checkpoint"
     journals = []
     for own in (False, True):
         workflow_id = str(uuid.uuid4())

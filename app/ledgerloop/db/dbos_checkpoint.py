@@ -16,7 +16,7 @@ together or not at all, and the statement costs one round trip, no commit of its
 `install` replaces the checkpoint on this process's DBOS instance, for an unsharded Postgres
 system database only (`applies`); anything else, a call that names a shard key, and a call
 whose connection fails go to DBOS's own checkpoint (which retries until the database is
-back), without the rider. The DBOS internal `checkpoint-rider` (ledgerloop.dbos_internals)
+back), without the rider. The DBOS internal `step-checkpoint` (ledgerloop.dbos_internals)
 lists what this relies on; its contract test compares the rows both write, and checks that
 an execution that lost its workflow, or a step recorded already with another time, raises
 what DBOS raises and commits nothing.

@@ -1,5 +1,5 @@
 -- DBOS's step checkpoint, in one statement (db/dbos_checkpoint.py, the DBOS internal
--- `checkpoint-rider`).
+-- `step-checkpoint`).
 
 -- name: step_checkpoint
 -- What SystemDatabase._record_operation_result_txn writes and checks inside BEGIN ... COMMIT:
