@@ -47,6 +47,8 @@ from scripts.benchmarks.turn import _metered_cluster, _run_ledgerloop
 from scripts.benchmarks.turn_write import AGENTS, POLICY, SCRIPT, TICKET
 
 RUNS = int(os.environ.get("BENCH_TURN_WRITE_PARTS_RUNS", "300"))
+#: How many of the statements that took the most server time to print (0: none).
+STATEMENTS = int(os.environ.get("BENCH_TURN_WRITE_PARTS_STATEMENTS", "0"))
 
 #: Milliseconds by part.
 PARTS: dict[str, list[float]] = defaultdict(list)
@@ -67,26 +69,13 @@ def _timed(label: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Await
 _EXCHANGE = LeanTransport.handle_async_request
 
 
-def _timed_sync(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter_ns()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            PARTS[label].append((time.perf_counter_ns() - start) / 1e6)
-
-    return timed
-
-
 def _install_timers() -> None:
     # Each is looked up at call time by its callers, so replacing the attribute is enough.
     record = write_steps.record_claimed_write
     write_steps.record_claimed_write = _timed("record (one statement)", record)
     ahead = getattr(write_ahead, "_Record", None)  # absent from a checkout before it
-    if ahead is not None:
-        ahead.run = _timed_sync("record ahead (in the checkpoint)", ahead.run)
-        if os.environ.get("BENCH_NO_WRITE_AHEAD"):  # to measure what recording ahead saves
-            write_ahead._offer = lambda *args: None
+    if ahead is not None and os.environ.get("BENCH_NO_WRITE_AHEAD"):
+        write_ahead._offer = lambda *args: None  # to measure what recording ahead saves
     steps.think = _timed("steps.think", steps.think)
     relay_module.Relay.send_now = _timed("relay send_now", relay_module.Relay.send_now)
     LeanTransport.handle_async_request = _timed("relay transport exchange", _EXCHANGE)
@@ -168,6 +157,8 @@ def main() -> None:
                         for go in jobs.values():
                             await go()
                     PARTS.clear()
+                    await probe.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                    await probe.execute("SELECT pg_stat_statements_reset()")
                     for _ in range(RUNS):
                         for name, go in jobs.items():
                             current[0] = name
@@ -179,6 +170,8 @@ def main() -> None:
                             made = PARTS["steps.think"][calls:]
                             for place, ms in enumerate(made):
                                 PARTS[f"steps.think {place + 1}, {name}"].append(ms)
+                    if STATEMENTS:
+                        await _statements(probe)
                 finally:
                     await client.aclose()
                     await probe.close()
@@ -190,6 +183,21 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=30)
     _report(runs)
+
+
+async def _statements(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The statements that took the server's time during the measured runs (pg_stat_statements:
+    calls, mean and total milliseconds): where the database work of each run goes."""
+    cursor = await conn.execute(
+        "SELECT calls, mean_exec_time, total_exec_time, query FROM pg_stat_statements"
+        " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " ORDER BY total_exec_time DESC LIMIT %s",
+        (STATEMENTS,),
+    )
+    print("\nstatements by server time (calls, mean ms, total ms):")
+    for calls, mean, total, query in await cursor.fetchall():
+        text = " ".join(str(query).split())[:110]
+        print(f"  {calls:6d} {mean:7.3f} {total:9.1f}  {text}")
 
 
 def _report(runs: dict[str, list[float]]) -> None:

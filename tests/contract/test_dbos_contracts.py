@@ -318,19 +318,23 @@ def test_journal_check(cconn: Conn) -> None:
 
 
 class _Marker:
-    """A checkpoint rider (db.dbos_checkpoint.Rider) that inserts one row."""
+    """A checkpoint rider (db.dbos_checkpoint.Rider) that inserts one row, through a function
+    (`contract_rider_mark`, made by test_step_checkpoint): a rider is a SELECT."""
+
+    query = "SELECT marked FROM contract_rider_mark(%(marker_value)s)"
 
     def __init__(self, value: str) -> None:
-        self.value = value
-        self.runs = 0
-        self.committed_once = False
+        self.params = {"marker_value": value}
+        self.rows: list[dict[str, Any]] = []
 
-    def run(self, conn: psycopg.Connection[Any]) -> None:
-        self.runs += 1
-        conn.execute("INSERT INTO contract_rider (value) VALUES (%s)", (self.value,))
+    def committed(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
 
-    def committed(self) -> None:
-        self.committed_once = True
+
+class _Broken(_Marker):
+    """A rider whose statement fails."""
+
+    query = "SELECT contract_rider_mark(%(marker_value)s) AS marked, 1 / 0 AS broken"
 
 
 #: The rider each contract_rider workflow's step hands over, by workflow id.
@@ -392,7 +396,7 @@ def _marked(cconn: Conn, workflow_id: str) -> list[str]:
 
 def test_step_checkpoint(cconn: Conn) -> None:
     from dbos._dbos import _get_dbos_instance
-    from dbos._error import DBOSWorkflowConflictIDError
+    from dbos._error import DBOSStepNondeterminismError, DBOSWorkflowConflictIDError
 
     from ledgerloop.db import dbos_checkpoint
 
@@ -402,6 +406,11 @@ def test_step_checkpoint(cconn: Conn) -> None:
         name, "the worker did not install the checkpoint (db/dbos_checkpoint.applies)"
     )
     cconn.execute("CREATE TABLE IF NOT EXISTS contract_rider (value text)")
+    cconn.execute(
+        "CREATE OR REPLACE FUNCTION contract_rider_mark(p_value text) RETURNS TABLE (marked text)"
+        " LANGUAGE sql AS $$ INSERT INTO contract_rider (value) VALUES (p_value)"
+        " RETURNING value $$"
+    )
 
     # A rider commits in the step's checkpoint transaction, once, after DBOS's own row.
     ridden, marker = _rider_run(cconn, "rides")
@@ -409,8 +418,9 @@ def test_step_checkpoint(cconn: Conn) -> None:
     assert _marked(cconn, ridden) == [row["xid"]], broken(
         name, f"the rider's row and the checkpoint were not one transaction: {row}"
     )
-    assert (marker.runs, marker.committed_once) == (1, True), broken(
-        name, f"the rider ran {marker.runs} times, committed: {marker.committed_once}"
+    answers = [(r["written"], r["completed_at_epoch_ms"], r["marked"]) for r in marker.rows]
+    assert answers == [(True, row["completed_at_epoch_ms"], ridden)], broken(
+        name, f"the rider's answer was not the checkpoint's with its row: {marker.rows}"
     )
     # The same row as DBOS's own checkpoint of the same step writes, but for the times.
     alone, _ = _rider_run(cconn, "none")
@@ -428,7 +438,7 @@ def test_step_checkpoint(cconn: Conn) -> None:
     failed, marker = _rider_run(cconn, "fails")
     assert _ridden_row(cconn, failed)["error"] is not None
     assert _marked(cconn, failed) == [], broken(name, "a failed step's rider was committed")
-    assert (marker.runs, marker.committed_once) == (0, False)
+    assert marker.rows == []
 
     # An execution that no longer owns its workflow commits neither the row nor the rider.
     lost = _Marker(failed)
@@ -445,14 +455,49 @@ def test_step_checkpoint(cconn: Conn) -> None:
     }
     with pytest.raises(DBOSWorkflowConflictIDError):
         sys_db.record_operation_result(result, owner_xid=str(uuid.uuid4()))
-    assert lost.runs == 0, broken(name, f"a lost execution's rider ran {lost.runs} times")
-    assert not lost.committed_once
+    assert lost.rows == [], broken(name, f"a lost execution's rider committed: {lost.rows}")
     assert _marked(cconn, failed) == [], broken(name, "a lost execution's rider was committed")
     late = cconn.execute(
         "SELECT 1 FROM dbos.operation_outputs WHERE workflow_uuid = %s AND function_id = 99",
         (failed,),
     ).fetchall()
     assert late == [], broken(name, "a lost execution's checkpoint was written")
+
+    # A step recorded already with another time (nondeterminism): DBOS's error, no rider.
+    # The same time (a retry after a commit whose answer was lost) runs the rider again.
+    at = int(time.time() * 1000)
+    first = _Marker(failed)
+    dbos_checkpoint.ride(failed, 98, first)
+    sys_db.record_operation_result({**result, "function_id": 98}, completed_at_epoch_ms=at)
+    assert [r["marked"] for r in first.rows] == [failed]
+    other = _Marker(failed)
+    dbos_checkpoint.ride(failed, 98, other)
+    with pytest.raises(DBOSStepNondeterminismError):
+        sys_db.record_operation_result({**result, "function_id": 98}, completed_at_epoch_ms=at + 1)
+    assert other.rows == [], broken(name, f"a nondeterministic step's rider ran: {other.rows}")
+    assert len(_marked(cconn, failed)) == 1, broken(name, "a rider ran without its checkpoint")
+    again = _Marker(failed)
+    dbos_checkpoint.ride(failed, 98, again)
+    sys_db.record_operation_result({**result, "function_id": 98}, completed_at_epoch_ms=at)
+    assert [r["marked"] for r in again.rows] == [failed]
+
+    # A rider whose statement fails: the checkpoint is written alone, the rider not at all.
+    broke = _Broken(failed)
+    dbos_checkpoint.ride(failed, 97, broke)
+    sys_db.record_operation_result({**result, "function_id": 97})
+    assert broke.rows == []
+    assert len(_marked(cconn, failed)) == 2, broken(name, "a failed rider's row was committed")
+    alone_row = cconn.execute(
+        "SELECT output FROM dbos.operation_outputs WHERE workflow_uuid = %s AND function_id = 97",
+        (failed,),
+    ).fetchone()
+    assert alone_row == {"output": '"late"'}, broken(name, "a failed rider lost the checkpoint")
+
+    # A rider's parameters may not shadow the checkpoint's.
+    clash = _Marker(failed)
+    clash.params = {"workflow_uuid": "x"}
+    with pytest.raises(ValueError, match="workflow_uuid"):
+        dbos_checkpoint.ride(failed, 96, clash)
 
 
 def _journal_rows(cconn: Conn, workflow_id: str) -> list[dict[str, Any]]:

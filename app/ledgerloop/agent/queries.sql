@@ -45,60 +45,13 @@ DELETE FROM ledgerloop.payload WHERE run_id = ANY(%(run_ids)s)
 -- both born claimed: attempt 1 under a lease, exactly as the relay's claim would leave them,
 -- so a crash before the outcome is recorded settles the same way (the reconciler takes the
 -- effect once the lease runs out; the relay is not woken: its claim reads pending rows).
--- Nothing is written unless the approval, when there is one, is approved by a principal for
--- exactly this action; the effect is written only when the run is there under this step
--- (moved now, or by an earlier execution of the step). The answer says what held: no effect
--- columns means the approval, the run or the key said no.
-WITH granted AS (
-  SELECT 1 WHERE %(approval_id)s::uuid IS NULL
-  UNION ALL
-  SELECT 1 FROM ledgerloop.approval a
-  WHERE a.id = %(approval_id)s::uuid
-    AND a.status = 'approved'
-    AND a.decided_by_principal IS NOT NULL
-    AND a.auth_role IS NOT NULL
-    AND a.action_hash = %(request_hash)s
-), cur AS (
-  SELECT id, status FROM ledgerloop.agent_run WHERE id = %(run_id)s FOR NO KEY UPDATE
-), seen AS (
-  SELECT 1 FROM ledgerloop.agent_run_event WHERE run_id = %(run_id)s AND step = %(step)s::text
-), moved AS (
-  UPDATE ledgerloop.agent_run r
-  SET status = 'executing', version = r.version + 1, updated_at = now()
-  FROM cur
-  WHERE r.id = cur.id
-    AND cur.status = ANY(%(allowed_from)s::text[])
-    AND EXISTS (SELECT 1 FROM granted)
-    AND NOT EXISTS (SELECT 1 FROM seen)
-  RETURNING r.id, r.tenant_id, r.version
-), event AS (
-  INSERT INTO ledgerloop.agent_run_event (run_id, tenant_id, sequence, event_type, payload, step)
-  SELECT id, tenant_id, version, 'executing', %(payload)s, %(step)s FROM moved
-), effect AS (
-  INSERT INTO ledgerloop.activity_effect
-    (idempotency_key, run_id, tenant_id, tool, request_hash, destination, status, attempts,
-     lease_until)
-  SELECT %(key)s, %(run_id)s, %(tenant_id)s, %(tool)s, %(request_hash)s, %(destination)s,
-         'started', 1,
-         now() + make_interval(secs => %(timeout_ms)s::float8 / 1000 + %(lease_margin_s)s)
-  WHERE EXISTS (SELECT 1 FROM granted)
-    AND (EXISTS (SELECT 1 FROM moved) OR EXISTS (SELECT 1 FROM seen))
-  ON CONFLICT (idempotency_key) DO NOTHING
-  RETURNING idempotency_key, run_id, tenant_id, tool, request_hash, destination, status,
-            external_reference, result, error, evidence, attempts, lease_until, compensates,
-            resolved_by, created_at, updated_at
-), queued AS (
-  INSERT INTO ledgerloop.outbox
-    (idempotency_key, tenant_id, destination, request, deadline_at, status, attempts,
-     lease_until)
-  SELECT idempotency_key, tenant_id, destination, %(request)s,
-         now() + make_interval(secs => %(deadline_s)s), 'claimed', 1, lease_until
-  FROM effect
-  RETURNING id, extract(epoch FROM deadline_at - now())::float8 AS deadline_in_s
-)
-SELECT cur.status AS current,
-       EXISTS (SELECT 1 FROM granted) AS granted,
-       EXISTS (SELECT 1 FROM moved) OR EXISTS (SELECT 1 FROM seen) AS there,
-       effect.*, queued.id AS outbox_id, queued.deadline_in_s
-FROM cur
-LEFT JOIN (effect CROSS JOIN queued) ON true
+-- The function (migration 0020) holds the statement, so that a step's checkpoint can run
+-- it too (db/dbos_checkpoint.sql, a rider); its answer's columns are those of
+-- effect_insert's RETURNING, with `current`, `granted` and `there` saying what held.
+SELECT * FROM ledgerloop.effect_record_claimed(
+  p_key => %(key)s, p_run_id => %(run_id)s, p_tenant_id => %(tenant_id)s,
+  p_tool => %(tool)s, p_request_hash => %(request_hash)s, p_destination => %(destination)s,
+  p_request => %(request)s, p_timeout_ms => %(timeout_ms)s::float8,
+  p_lease_margin_s => %(lease_margin_s)s::float8, p_deadline_s => %(deadline_s)s::float8,
+  p_approval_id => %(approval_id)s::uuid, p_step => %(step)s::text,
+  p_payload => %(payload)s, p_allowed_from => %(allowed_from)s::text[])

@@ -34,9 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from dbos import DBOS
-from psycopg.rows import dict_row
 from pydantic import ValidationError
 
 from ledgerloop.agent import write_steps
@@ -172,6 +170,8 @@ def _settles_alone(tool: Tool) -> bool:
 class _Record:
     """The write's one statement, riding a checkpoint (db.dbos_checkpoint.Rider)."""
 
+    query = RECORD_CLAIMED
+
     def __init__(
         self,
         params: dict[str, Any],
@@ -183,18 +183,9 @@ class _Record:
         self.request = request
         self.span = span
         self.lease_s = lease_s
-        self.cursor: psycopg.Cursor[dict[str, Any]] | None = None
 
-    def run(self, conn: psycopg.Connection[Any]) -> None:
-        # Pipelined with the checkpoint's COMMIT: its answer is read once both are in.
-        self.cursor = conn.cursor(row_factory=dict_row)
-        self.cursor.execute(RECORD_CLAIMED, self.params)
-
-    def committed(self) -> None:
-        assert self.cursor is not None
-        with self.cursor as cursor:
-            row = cursor.fetchone()
-        if row is None or row["idempotency_key"] is None:
+    def committed(self, row: dict[str, Any]) -> None:
+        if row["idempotency_key"] is None:
             # Nothing written (the run was not there, the key was taken): the next step
             # records, or finds, the write itself and says why.
             return

@@ -9,9 +9,10 @@ statement on a connection of Ledgerloop's pool (`step_checkpoint`): one round tr
 commit.
 
 A step body that has something to commit only if its result is journaled (a write the model
-asked for in this step's answer, agent.write_ahead) hands a `Rider` to `ride`; the checkpoint
-then runs the rider's statement in the same transaction, after its own row: the two commit
-together or not at all, and the statement costs one round trip, no commit of its own.
+asked for in this step's answer, agent.write_ahead) hands a `Rider` to `ride`: a SELECT
+(typically of a function that writes). The checkpoint's statement then runs it after its own
+row, and only when that row is this execution's (`step_checkpoint_with_rider`): the two
+commit together or not at all, in one round trip and one commit.
 
 `install` replaces the checkpoint on this process's DBOS instance, for an unsharded Postgres
 system database only (`applies`); anything else, a call that names a shard key, and a call
@@ -24,12 +25,13 @@ what DBOS raises and commits nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, LiteralString, Protocol
 
 import psycopg
 from dbos._context import current_owner_xid
@@ -49,15 +51,40 @@ Checkpoint = Callable[..., None]
 
 
 class Rider(Protocol):
-    """A statement to commit with one step's checkpoint."""
+    """A SELECT to commit with one step's checkpoint."""
 
-    def run(self, conn: psycopg.Connection[Any]) -> None:
-        """Execute on `conn` (dict rows, in pipeline mode: read results in `committed`),
-        inside the checkpoint's transaction, after the checkpoint's row was written."""
+    @property
+    def query(self) -> LiteralString:
+        """A SELECT with named parameters, run as a subquery of the checkpoint's statement:
+        no data-modifying WITH (a function that writes is the way to write), and no column
+        named as the checkpoint's answer's (`CHECKPOINT_COLUMNS`)."""
 
-    def committed(self) -> None:
-        """The checkpoint and the statement committed (not called when they did not)."""
+    @property
+    def params(self) -> Mapping[str, Any]:
+        """Its parameters; none named as the checkpoint's (`CHECKPOINT_PARAMS`)."""
 
+    def committed(self, row: dict[str, Any]) -> None:
+        """The checkpoint and the query committed; `row` holds the query's first row (its
+        columns None when it returned none). Not called when they did not commit."""
+
+
+#: The checkpoint's own parameters and answer: a rider's must be named otherwise.
+CHECKPOINT_PARAMS = frozenset(
+    {
+        "workflow_uuid",
+        "function_id",
+        "function_name",
+        "started_at_epoch_ms",
+        "completed_at_epoch_ms",
+        "output",
+        "error",
+        "child_workflow_id",
+        "serialization",
+        "application_name",
+        "owner_xid",
+    }
+)
+CHECKPOINT_COLUMNS = frozenset({"owner_xid", "written", "completed_at_epoch_ms"})
 
 _riders: dict[tuple[str, int], Rider] = {}
 _lock = threading.Lock()
@@ -67,10 +94,14 @@ def ride(workflow_id: str, function_id: int, rider: Rider) -> None:
     """Commit `rider` with the checkpoint of operation `function_id` of `workflow_id` (the
     step now running: call it from the step's body). A later call for the same step replaces
     it. Only a step that succeeds carries it; a failed step's error is recorded alone.
+    Raises ValueError for a rider whose parameters are named as the checkpoint's.
 
     DBOS checkpoints every step whose body returned, so each rider is taken; one of an
     earlier operation of the same workflow still here (its execution stopped between the
     body and the checkpoint) is dropped now: a workflow's steps run one at a time."""
+    shared = CHECKPOINT_PARAMS.intersection(rider.params)
+    if shared:
+        raise ValueError(f"a rider's parameters {sorted(shared)} are the checkpoint's: rename them")
     with _lock:
         stale = [k for k in _riders if k[0] == workflow_id and k[1] < function_id]
         for key in stale:
@@ -141,12 +172,15 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
         }
         try:
             with pool.connection() as conn:
-                if rider is not None and _with_rider(conn, params, result, rider):
-                    rider.committed()
-                    return
                 conn.autocommit = True
                 try:
-                    row = conn.execute(Q["step_checkpoint"], params).fetchone()
+                    if rider is not None:
+                        row = _with_rider(conn, params, rider)
+                        if row is not None:
+                            _verdict(row, result, completed_at)  # raises: neither committed
+                            rider.committed(row)
+                            return
+                    row = conn.execute(ALONE, params).fetchone()
                     _verdict(row, result, completed_at)
                 finally:
                     conn.autocommit = False
@@ -159,23 +193,33 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
 
 
 def _with_rider(
-    conn: psycopg.Connection[Any], params: dict[str, Any], result: dict[str, Any], rider: Rider
-) -> bool:
-    """The checkpoint and `rider` in one transaction, in two round trips (pipelined: BEGIN
-    with the checkpoint, then the rider's statement with the COMMIT). False when the rider's
-    statement failed: nothing committed, and the checkpoint is to be written alone (the
-    rider is a shortcut; the step it serves does its work itself then)."""
+    conn: psycopg.Connection[Any], params: dict[str, Any], rider: Rider
+) -> dict[str, Any] | None:
+    """The checkpoint and `rider` in one autocommit statement: the checkpoint's answer with
+    the rider's first row (the rider runs only when the checkpoint's row is this
+    execution's). None when the rider failed: nothing committed, and the checkpoint is to
+    be written alone (the rider is a shortcut; the step it serves does its work itself
+    then)."""
     try:
-        with conn.pipeline(), conn.transaction():
-            row = conn.execute(Q["step_checkpoint"], params).fetchone()
-            _verdict(row, result, params["completed_at_epoch_ms"])  # raises: neither commits
-            rider.run(conn)
+        row: dict[str, Any] | None = conn.execute(
+            _with(rider.query), {**params, **rider.params}
+        ).fetchone()
     except psycopg.OperationalError:
         raise
     except psycopg.Error:
         log.warning("a checkpoint's rider failed; the checkpoint is written alone", exc_info=True)
-        return False
-    return True
+        return None
+    return row
+
+
+@functools.lru_cache(maxsize=16)
+def _with(query: LiteralString) -> LiteralString:
+    # One text per kind of rider, so the statement is prepared once per connection.
+    return Q["step_checkpoint"].replace("RIDER_QUERY", query)
+
+
+#: The checkpoint with no rider.
+ALONE = _with("SELECT WHERE false")
 
 
 def _verdict(row: dict[str, Any] | None, result: dict[str, Any], completed_at: int) -> None:

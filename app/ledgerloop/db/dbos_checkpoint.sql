@@ -7,6 +7,11 @@
 -- operation's row, or, when one is there already, its completion time unchanged (a retry
 -- carries the same time; another time is nondeterminism, which the caller raises). Nothing
 -- is written when the owner differs: `owner_xid` then says whose the workflow is.
+--
+-- The rider's query is a SELECT committed with the checkpoint (`SELECT WHERE false`: none).
+-- It runs only when the row is this execution's: written now or found with this
+-- attempt's time (OFFSET 0 keeps the subquery a step of its own, run once per row of
+-- `written`, so with no row it never runs). Its first row's columns follow the checkpoint's.
 WITH owner AS (
   SELECT owner_xid FROM dbos.workflow_status
   WHERE workflow_uuid = %(workflow_uuid)s AND %(owner_xid)s::text IS NOT NULL
@@ -24,7 +29,18 @@ WITH owner AS (
   ON CONFLICT (workflow_uuid, function_id)
     DO UPDATE SET completed_at_epoch_ms = dbos.operation_outputs.completed_at_epoch_ms
   RETURNING completed_at_epoch_ms
+), rider AS (
+  SELECT ridden.* FROM written CROSS JOIN LATERAL (
+    SELECT * FROM (
+      RIDER_QUERY
+    ) AS query
+    WHERE written.completed_at_epoch_ms = %(completed_at_epoch_ms)s
+    OFFSET 0
+  ) AS ridden
 )
 SELECT (SELECT owner_xid FROM owner) AS owner_xid,
        EXISTS (SELECT 1 FROM written) AS written,
-       (SELECT completed_at_epoch_ms FROM written) AS completed_at_epoch_ms
+       (SELECT completed_at_epoch_ms FROM written) AS completed_at_epoch_ms,
+       rider.*
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN (SELECT * FROM rider LIMIT 1) AS rider ON true
