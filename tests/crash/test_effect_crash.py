@@ -185,23 +185,33 @@ def test_delivering_worker_killed_inside_the_think_step_that_wrote(
         assert run.state["turns"] == 2
 
 
-@pytest.mark.parametrize("kind", ["idempotent", "lookup"])
+@pytest.mark.parametrize(
+    ("kind", "fault"),
+    [
+        ("idempotent", "write_ahead.before_send"),
+        ("lookup", "write_ahead.before_send"),
+        ("idempotent", "step.after:think-0"),
+    ],
+)
 def test_delivering_worker_killed_between_the_answer_and_the_step_that_sends(
-    kind: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
+    kind: str, fault: str, conn: Conn, cluster: Any, tickets: TicketServiceThread
 ) -> None:
     """A write that opens a plain turn is recorded with the checkpoint of the think step
-    whose answer asked for it (agent.write_ahead), claimed by the worker's own relay. That
-    worker, killed right after the checkpoint and before the next step sent the write: the
-    restarted worker repeats the next step, finds the effect by its key under the dead
-    worker's claim and waits; once the claim's lease is out the reconciler settles it (a
-    resend under the key, or a lookup), and the ticket is filed once."""
+    whose answer asked for it (agent.write_ahead), claimed by the worker's own relay, and
+    sent once that commit is in. That worker, killed after the commit and before the send
+    (`write_ahead.before_send`), or once think-0's step is over, with the send under way or
+    done (`step.after:think-0`): the restarted worker repeats the next step and finds the
+    effect by its key (settled already, or under the dead worker's claim: then, once the
+    lease is out, the reconciler settles it by a resend under the key or a lookup), and the
+    ticket is filed once."""
     c = cluster(_script(KINDS[kind]))
-    victim = c.start("delivering worker", "step.after:think-0")
+    victim = c.start("delivering worker", fault)
     run_id = start_test_run(conn, "writer", "file one")
     assert victim.wait(timeout=60) == -9, c.output()
     (effect,) = effect_list(conn, run_id=run_id)
-    assert effect.status.value == "started"
-    assert httpx.get(f"{tickets.url}/_stats").json()["created"] == 0
+    if fault == "write_ahead.before_send":
+        assert effect.status.value == "started"
+        assert httpx.get(f"{tickets.url}/_stats").json()["created"] == 0
     recorded = conn.execute(
         "SELECT e.xmin::text = o.xmin::text AS together FROM ledgerloop.agent_run_event e, "
         "dbos.operation_outputs o WHERE e.run_id = %(id)s AND e.event_type = 'executing' "

@@ -181,6 +181,49 @@ default:
     assert tools[first].context.span_id in linked
     assert tools[second].context.span_id in linked
     assert tools[first].context.trace_id == tools[second].context.trace_id
+    # The first was sent once think-0 committed it, before think-1 began; the second by
+    # think-1, inside its tool span.
+    post_of = {link.context.span_id: post for post in posts for link in post.links}
+    sent_first = post_of[tools[first].context.span_id].start_time
+    sent_second = post_of[tools[second].context.span_id].start_time
+    assert sent_first is not None
+    assert tools[first].start_time is not None
+    assert sent_first < tools[first].start_time, "the write recorded ahead waited for think-1"
+    assert sent_second is not None
+    assert tools[second].start_time is not None
+    assert sent_second > tools[second].start_time
+
+
+def test_a_write_sent_at_the_answers_commit_moves_the_run_back_with_its_outcome(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    """A turn's only write, recorded ahead and sent when think-0 committed it: the record of
+    its outcome moves the run back to planning under think-1's name, as think-1 would have
+    had it moved (one commit for both)."""
+    model = scripted_model(
+        """
+default:
+  turns:
+    - tool_use: {name: ticket_idempotent, input: {title: alone}}
+    - text: done
+"""
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file one")
+    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    assert _stats(tickets)["created"] == 1
+    (call_id,) = (b["id"] for b in model.requests()[1]["request"]["messages"][-2]["content"])
+    assert _executing_xids(conn, run_id)[f"tool-0-{call_id}"] == _checkpoint_xid(
+        conn, run_id, "think-0"
+    )
+    moved = conn.execute(
+        "SELECT e.xmin::text = f.xmin::text AS together, count(*) OVER () AS moves "
+        "FROM ledgerloop.agent_run_event e, ledgerloop.activity_effect f "
+        "WHERE e.run_id = %(id)s AND e.event_type = 'planning' AND e.step = 'think-1' "
+        "AND f.run_id = %(id)s",
+        {"id": run_id},
+    ).fetchall()
+    assert [(r["together"], r["moves"]) for r in moved] == [(True, 1)], moved
 
 
 def test_a_write_is_recorded_ahead_only_when_it_opens_the_turn_and_settles_alone(

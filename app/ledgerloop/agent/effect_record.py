@@ -19,6 +19,7 @@ hot path of a write turn. A write a relay elsewhere delivers keeps the transacti
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 import uuid
@@ -33,7 +34,7 @@ from ledgerloop.approvals.store import approval_get
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
 from ledgerloop.effects.ledger import Claim, Effect, effect_insert_params, effect_inserted
-from ledgerloop.effects.outbox import Deliverer
+from ledgerloop.effects.outbox import Deliverer, Outcome
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import RunNotFound, moves_to, run_not_moved
@@ -140,6 +141,10 @@ async def record_claimed_write(
 # -- a write recorded ahead, with the checkpoint of the step that decided it (write_ahead) --
 
 
+#: What the relay's `send_now` answers.
+Sent = tuple[Outcome, asyncio.Future[bool]] | None
+
+
 @dataclass(frozen=True)
 class Prerecorded:
     """A write committed with the checkpoint of the think step whose answer asked for it,
@@ -155,6 +160,10 @@ class Prerecorded:
     at: float
     #: Seconds from the commit until the row's lease runs out (the reconciler's then).
     lease_s: float
+    #: The relay's `send_now` of it, started at the commit (None: the step sends it).
+    sending: concurrent.futures.Future[Sent] | None = None
+    #: The step the record of its outcome moves the run back to planning under, if any.
+    replan_step: str | None = None
 
 
 _prerecorded: dict[str, Prerecorded] = {}

@@ -334,6 +334,8 @@ def next_ride(run: RunContext, i: int, max_turns: int) -> Ride | None:
         tenant_id=run.tenant_id,
         deadline=run.deadline,
         mcp_names=frozenset(run.mcp_tools),
+        next_step=f"{run.scope}think-{i + 1}",
+        moves=not run.scope,
     )
 
 

@@ -27,6 +27,7 @@ What does not change:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -48,6 +49,8 @@ from ledgerloop.agent.effect_record import (
 from ledgerloop.db import dbos_checkpoint
 from ledgerloop.effects.hashing import idempotency_key
 from ledgerloop.effects.ledger import Claim, Effect
+from ledgerloop.effects.outbox import Claimed, Deliverer
+from ledgerloop.faults import hit
 from ledgerloop.runtime import get_runtime
 from ledgerloop.telemetry.runtrace import planned_span
 from ledgerloop.tools.registry import HttpEffect, Tool, ToolKind
@@ -69,6 +72,11 @@ class Ride:
     deadline: float
     #: The names of the run's MCP tools (never plain writes).
     mcp_names: frozenset[str]
+    #: The think step the turn rides (`think-{i+1}`).
+    next_step: str
+    #: Whether that step moves the run back to planning once the writes settled (the run's
+    #: own agent; a scoped one does not): the record of its last write's outcome does it.
+    moves: bool
 
 
 def plain_calls(agent: Agent, mcp_names: frozenset[str], calls: list[dict[str, Any]]) -> bool:
@@ -134,6 +142,9 @@ def _offer(run_id: str, agent_name: str, ride: Ride, result: dict[str, Any]) -> 
         return  # the next step refuses it
     call_id = str(first["id"])
     key = idempotency_key(run_id, call_id)
+    # As turn_tools decides it: the last write's outcome record moves the run back.
+    writes = [str(c["id"]) for c in calls if _is_write(agent, c)]
+    last = ride.moves and writes[-1] == call_id
     planned = planned_span()
     delivery = write_steps.delivery_request(tool, body, policy, planned[0] if planned else None)
     facts: dict[str, Any] = {
@@ -152,11 +163,23 @@ def _offer(run_id: str, agent_name: str, ride: Ride, result: dict[str, Any]) -> 
         **facts,
     )
     lease_s = delivery.timeout_ms / 1000 + deliverer.lease_margin_s
-    rider = _Record(params, delivery.to_json(), planned[1] if planned else None, lease_s)
+    rider = _Record(
+        params,
+        delivery.to_json(),
+        planned[1] if planned else None,
+        lease_s,
+        sender=(deliverer, asyncio.get_running_loop()),
+        replan_step=ride.next_step if last else None,
+    )
     workflow_id, step_id = DBOS.workflow_id, DBOS.step_id
     assert workflow_id is not None
     assert step_id is not None
     dbos_checkpoint.ride(workflow_id, step_id, rider)
+
+
+def _is_write(agent: Agent, call: dict[str, Any]) -> bool:
+    tool = agent.tool(str(call.get("name")))
+    return tool is not None and tool.kind is ToolKind.WRITE
 
 
 def _settles_alone(tool: Tool) -> bool:
@@ -178,24 +201,44 @@ class _Record:
         request: dict[str, Any],
         span: tuple[int, int] | None,
         lease_s: float,
+        *,
+        sender: tuple[Deliverer, asyncio.AbstractEventLoop],
+        replan_step: str | None,
     ) -> None:
         self.params = params
         self.request = request
         self.span = span
         self.lease_s = lease_s
+        self.sender = sender
+        self.replan_step = replan_step
 
     def committed(self, row: dict[str, Any]) -> None:
         if row["idempotency_key"] is None:
             # Nothing written (the run was not there, the key was taken): the next step
             # records, or finds, the write itself and says why.
             return
+        effect = Effect.from_row(row)
+        claim = Claim(row["outbox_id"], row["deadline_in_s"])
+        # Where a crash test kills the worker between the commit and the send.
+        hit("write_ahead.before_send")
+        # The write is durable: the relay sends it now, while DBOS ends this step and starts
+        # the next, which takes the send under way (`Prerecorded.sending`).
+        deliverer, loop = self.sender
+        claimed = Claimed.at_insert(effect, claim, self.request, self.replan_step)
+        try:
+            sending = asyncio.run_coroutine_threadsafe(deliverer.send_now(claimed), loop)
+        except RuntimeError:  # the loop is closed: the worker stops; the lease settles it
+            log.warning("the write %s was not sent: the worker stops", effect.key)
+            return
         hand_over(
             Prerecorded(
-                effect=Effect.from_row(row),
-                claim=Claim(row["outbox_id"], row["deadline_in_s"]),
+                effect=effect,
+                claim=claim,
                 request=self.request,
                 span=self.span,
                 at=time.monotonic(),
                 lease_s=self.lease_s,
+                sending=sending,
+                replan_step=self.replan_step,
             )
         )

@@ -17,6 +17,7 @@ is approved by a principal for exactly that hash: what runs is exactly what was 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import time
@@ -31,6 +32,7 @@ from ledgerloop.agent.act_mcp import as_tool, mcp_call_facts
 from ledgerloop.agent.definition import get_agent
 from ledgerloop.agent.effect_record import (
     NotGranted,
+    Sent,
     not_granted,
     record_claimed_write,
     take_prerecorded,
@@ -396,13 +398,18 @@ async def _record_effect(
             request = request if request is not None else delivery.to_json()
             return recorded, Claimed.at_insert(effect, claim, request, replan_step)
 
+        # The send the commit of the record ahead started, when this step takes that record.
+        early: concurrent.futures.Future[Sent] | None = None
+
         async def record() -> tuple[dict[str, Any], Claimed | None]:
+            nonlocal early
             if (
                 ahead is not None
                 and deliverer is not None
                 and approval_id is None
                 and ahead.effect.request_hash == action_hash
             ):
+                early = ahead.sending
                 return with_claim(ahead.effect, ahead.claim, ahead.request)
             if deliverer is not None:
                 # One statement, one round trip (agent.effect_record).
@@ -451,10 +458,16 @@ async def _record_effect(
                 }, None
             confirm: asyncio.Future[bool] | None = None
             if claimed is not None and deliverer is not None:
-                sent = await deliverer.send_now(claimed)
+                if early is not None:
+                    sent = await asyncio.wrap_future(early)
+                    # Its outcome's record moves the run back as that commit foresaw; a
+                    # step that expects otherwise waits for the record and moves it itself.
+                    carries = ahead is not None and ahead.replan_step == replan_step
+                else:
+                    sent, carries = await deliverer.send_now(claimed), True
                 if sent is not None:
                     answered, its_record = sent
-                    if defer and answered.status.value in SETTLED:
+                    if defer and carries and answered.status.value in SETTLED:
                         confirm = its_record  # the caller awaits it before committing more
                         recorded = {**recorded, **_delivered(answered)}
                     elif await its_record:
