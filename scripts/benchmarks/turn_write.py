@@ -7,7 +7,8 @@ the answer. A turn costs its run less the answer-only run; the write turn's down
 (the same POST to the same ticket service from a keep-alive client, timed in the same rounds)
 is left out too. Target: a write-tool turn <= 1.5x a read-tool turn (also reported as the
 median of the same ratio taken within each round). Database work per run is read from
-Postgres as in `turn`. BENCH_TURN_WRITE_ROUNDS, BENCH_TURN_WRITE_RUNS, BENCH_TURN_WRITE_MODEL.
+Postgres as in `turn`. BENCH_TURN_WRITE_ROUNDS, BENCH_TURN_WRITE_RUNS, BENCH_TURN_WRITE_MODEL,
+BENCH_TURN_WRITE_DOWNSTREAM_MS (the ticket service's own time per ticket).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ RUNS = int(os.environ.get("BENCH_TURN_WRITE_RUNS", "10"))
 #: "thread": the scripted model on a thread of the worker's process (as in `turn`); "process":
 #: in a process of its own, as a real model service is.
 MODEL = os.environ.get("BENCH_TURN_WRITE_MODEL", "thread")
+#: The ticket service's own time per ticket, in ms (0: as fast as it goes; a real downstream
+#: takes tens of milliseconds, which the relay's send may overlap with the step's ending).
+DOWNSTREAM_MS = int(os.environ.get("BENCH_TURN_WRITE_DOWNSTREAM_MS", "0"))
 TICKET = {"title": "disk full on db-1", "body": "clean up /var/log", "priority": "normal"}
 
 SCRIPT = f"""
@@ -136,6 +140,9 @@ def main() -> None:
                 systems = {kind: job(kind) for kind in AGENTS}
                 systems["downstream"] = downstream
                 costs: dict[str, list[Cost]] = {name: [] for name in systems}
+                if DOWNSTREAM_MS:
+                    slow = {"mode": "slow", "count": 10_000, "delay_ms": DOWNSTREAM_MS}
+                    (await client.post(f"{tickets_url}/_faults", json=slow)).raise_for_status()
                 try:
                     for go in systems.values():
                         await go(2)
@@ -173,7 +180,7 @@ def _report(costs: dict[str, list[Cost]]) -> None:
     write_turn = ms["write"] - ms["answer"] - ms["downstream"]
     print(
         f"\nturn_write: one tool turn then the answer, {ROUNDS} rounds x {RUNS} runs "
-        f"(medians per run, {time.strftime('%Y-%m-%d')})"
+        f"(medians per run, {time.strftime('%Y-%m-%d')}; downstream takes {DOWNSTREAM_MS} ms)"
     )
     print(f"  {'job':<34} {'ms/run':>8} {'stmts':>7} {'commits':>8} {'WAL KB':>8}")
     for name, rows in costs.items():

@@ -11,7 +11,7 @@ destination behaves.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypedDict
 
@@ -143,7 +143,11 @@ class DeliveryRequest:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "method": self.method.upper()}
+        # Field by field, not dataclasses.asdict: that deep-copies the body on every call,
+        # and a write turn makes this twice. Headers are copied (callers add to them); the
+        # body, as the model's arguments gave it, is only read.
+        made = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return {**made, "headers": dict(self.headers), "method": self.method.upper()}
 
     @classmethod
     def from_json(cls, value: Any) -> DeliveryRequest:
