@@ -330,7 +330,8 @@ INTERNALS: tuple[Internal, ...] = (
         uses="SystemDatabase.record_operation_result replaced on the process's DBOS instance "
         "by one statement over dbos.workflow_status (the owner token, FOR NO KEY UPDATE) and "
         "dbos.operation_outputs (the step's row, its columns as DBOS writes them), with a "
-        "step's rider statement in the same transaction; dbos._context.current_owner_xid for "
+        "step's rider query run by the same statement once the row is this execution's; "
+        "dbos._context.current_owner_xid for "
         "the token; SystemDatabase.app_name, _child_values, _wf_values and what journal-check "
         "reads to tell where it applies; DBOSWorkflowConflictIDError and "
         "DBOSStepNondeterminismError raised as DBOS raises them",
