@@ -466,20 +466,20 @@ def test_step_checkpoint(cconn: Conn) -> None:
     # A step recorded already with another time (nondeterminism): DBOS's error, no rider.
     # The same time (a retry after a commit whose answer was lost) runs the rider again.
     at = int(time.time() * 1000)
-    first = _Marker(failed)
-    dbos_checkpoint.ride(failed, 98, first)
-    sys_db.record_operation_result({**result, "function_id": 98}, completed_at_epoch_ms=at)
-    assert [r["marked"] for r in first.rows] == [failed]
-    other = _Marker(failed)
-    dbos_checkpoint.ride(failed, 98, other)
+
+    def checkpoint_98(completed_at: int) -> _Marker:
+        marker = _Marker(failed)
+        dbos_checkpoint.ride(failed, 98, marker)
+        sys_db.record_operation_result(
+            {**result, "function_id": 98}, completed_at_epoch_ms=completed_at
+        )
+        return marker
+
+    assert [r["marked"] for r in checkpoint_98(at).rows] == [failed]
     with pytest.raises(DBOSStepNondeterminismError):
-        sys_db.record_operation_result({**result, "function_id": 98}, completed_at_epoch_ms=at + 1)
-    assert other.rows == [], broken(name, f"a nondeterministic step's rider ran: {other.rows}")
-    assert len(_marked(cconn, failed)) == 1, broken(name, "a rider ran without its checkpoint")
-    again = _Marker(failed)
-    dbos_checkpoint.ride(failed, 98, again)
-    sys_db.record_operation_result({**result, "function_id": 98}, completed_at_epoch_ms=at)
-    assert [r["marked"] for r in again.rows] == [failed]
+        checkpoint_98(at + 1)
+    assert len(_marked(cconn, failed)) == 1, broken(name, "a nondeterministic step's rider ran")
+    assert [r["marked"] for r in checkpoint_98(at).rows] == [failed]
 
     # A rider whose statement fails: the checkpoint is written alone, the rider not at all.
     broke = _Broken(failed)
