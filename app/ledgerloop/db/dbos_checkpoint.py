@@ -11,7 +11,7 @@ commit.
 A step body that has something to commit only if its result is journaled (a write the model
 asked for in this step's answer, agent.write_ahead) hands a `Rider` to `ride`: a SELECT
 (typically of a function that writes). The checkpoint's statement then runs it after its own
-row, and only when that row is this execution's (`step_checkpoint_with_rider`): the two
+row, and only when that row is this execution's (`step_checkpoint`): the two
 commit together or not at all, in one round trip and one commit.
 
 `install` replaces the checkpoint on this process's DBOS instance, for an unsharded Postgres
@@ -56,8 +56,8 @@ class Rider(Protocol):
     @property
     def query(self) -> LiteralString:
         """A SELECT with named parameters, run as a subquery of the checkpoint's statement:
-        no data-modifying WITH (a function that writes is the way to write), and no column
-        named as the checkpoint's answer's (`CHECKPOINT_COLUMNS`)."""
+        no data-modifying WITH (a function that writes is the way to write). A column named
+        as one of the checkpoint's answer's (`CHECKPOINT_COLUMNS`) reads the checkpoint's."""
 
     @property
     def params(self) -> Mapping[str, Any]:
@@ -68,7 +68,7 @@ class Rider(Protocol):
         columns None when it returned none). Not called when they did not commit."""
 
 
-#: The checkpoint's own parameters and answer: a rider's must be named otherwise.
+#: The checkpoint's own parameters (a rider's must be named otherwise) and answer.
 CHECKPOINT_PARAMS = frozenset(
     {
         "workflow_uuid",

@@ -11,7 +11,8 @@
 -- The rider's query is a SELECT committed with the checkpoint (`SELECT WHERE false`: none).
 -- It runs only when the row is this execution's: written now or found with this
 -- attempt's time (OFFSET 0 keeps the subquery a step of its own, run once per row of
--- `written`, so with no row it never runs). Its first row's columns follow the checkpoint's.
+-- `written`, so with no row it never runs). Its first row's columns come first: a name
+-- the checkpoint's answer uses reads the checkpoint's.
 WITH owner AS (
   SELECT owner_xid FROM dbos.workflow_status
   WHERE workflow_uuid = %(workflow_uuid)s AND %(owner_xid)s::text IS NOT NULL
@@ -38,9 +39,9 @@ WITH owner AS (
     OFFSET 0
   ) AS ridden
 )
-SELECT (SELECT owner_xid FROM owner) AS owner_xid,
+SELECT rider.*,
+       (SELECT owner_xid FROM owner) AS owner_xid,
        EXISTS (SELECT 1 FROM written) AS written,
-       (SELECT completed_at_epoch_ms FROM written) AS completed_at_epoch_ms,
-       rider.*
+       (SELECT completed_at_epoch_ms FROM written) AS completed_at_epoch_ms
 FROM (VALUES (1)) AS one (x)
 LEFT JOIN (SELECT * FROM rider LIMIT 1) AS rider ON true

@@ -144,8 +144,8 @@ class DeliveryRequest:
 
     def to_json(self) -> dict[str, Any]:
         # Field by field, not dataclasses.asdict: that deep-copies the body on every call,
-        # and a write turn makes this twice. Headers are copied (callers add to them); the
-        # body, as the model's arguments gave it, is only read.
+        # and a write turn makes this twice. Headers are copied, so a caller's change stays its
+        # own; the body, as the model's arguments gave it, is only read.
         made = {name: getattr(self, name) for name in self.__dataclass_fields__}
         return {**made, "headers": dict(self.headers), "method": self.method.upper()}
 
