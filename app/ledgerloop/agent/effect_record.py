@@ -160,8 +160,11 @@ class Prerecorded:
     at: float
     #: Seconds from the commit until the row's lease runs out (the reconciler's then).
     lease_s: float
-    #: The relay's `send_now` of it, started at the commit (None: the step sends it).
-    sending: concurrent.futures.Future[Sent] | None = None
+    #: The relay's `send_now` of it, started at the commit.
+    sending: concurrent.futures.Future[Sent]
+    #: The policy version its request was hashed under (the step sending it checks it is
+    #: still this one rather than hashing the request again).
+    policy_version: str
     #: The step the record of its outcome moves the run back to planning under, if any.
     replan_step: str | None = None
 

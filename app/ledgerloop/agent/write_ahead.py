@@ -170,6 +170,7 @@ def _offer(run_id: str, agent_name: str, ride: Ride, result: dict[str, Any]) -> 
         lease_s,
         sender=(deliverer, asyncio.get_running_loop()),
         replan_step=ride.next_step if last else None,
+        policy_version=rt.policy.version,
     )
     workflow_id, step_id = DBOS.workflow_id, DBOS.step_id
     assert workflow_id is not None
@@ -204,6 +205,7 @@ class _Record:
         *,
         sender: tuple[Deliverer, asyncio.AbstractEventLoop],
         replan_step: str | None,
+        policy_version: str,
     ) -> None:
         self.params = params
         self.request = request
@@ -211,6 +213,7 @@ class _Record:
         self.lease_s = lease_s
         self.sender = sender
         self.replan_step = replan_step
+        self.policy_version = policy_version
 
     def committed(self, row: dict[str, Any]) -> None:
         if row["idempotency_key"] is None:
@@ -239,6 +242,7 @@ class _Record:
                 at=time.monotonic(),
                 lease_s=self.lease_s,
                 sending=sending,
+                policy_version=self.policy_version,
                 replan_step=self.replan_step,
             )
         )

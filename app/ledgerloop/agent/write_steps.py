@@ -22,6 +22,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,7 +46,6 @@ from ledgerloop.approvals.store import approval_check, approval_get, approval_re
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.hashing import idempotency_key, request_hash
 from ledgerloop.effects.ledger import (
-    Claim,
     Effect,
     effect_begin,
     effect_require,
@@ -56,9 +56,9 @@ from ledgerloop.faults import hit
 from ledgerloop.mcptools.client import META_IDEMPOTENCY_KEY
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_ensure_status
-from ledgerloop.runtime import get_runtime
+from ledgerloop.runtime import Runtime, get_runtime
+from ledgerloop.telemetry import ToolRecorder, tool_span
 from ledgerloop.telemetry import semconv as sc
-from ledgerloop.telemetry import tool_span
 from ledgerloop.telemetry.runtrace import span_traceparent
 from ledgerloop.tools.policy import EffectFacts, OnTimeout, ToolPolicy
 from ledgerloop.tools.registry import HttpEffect, McpEffect, Tool
@@ -335,11 +335,11 @@ async def _record_effect(
     assert tool.effect is not None
     call_id = str(call["id"])
     key = idempotency_key(run_id, call_id)
-    policy = rt.policy.for_write_tool(tool_name)
-    mcp = mcp_call_facts(tool)
     # Recorded already, with the checkpoint of the think step that asked for it (write_ahead):
     # its delivery names this span, which takes the ids it was given then.
     ahead = take_prerecorded(key)
+    # This worker's relay, when it runs one on this loop: it sends the effect now.
+    deliverer = local_deliverer()
     with tool_span(
         tool_name,
         call_id,
@@ -347,140 +347,207 @@ async def _record_effect(
         step_name=step_name,
         idempotency_key=key,
         description=tool.description,
-        mcp=mcp,
+        mcp=mcp_call_facts(tool),
         planned=ahead.span if ahead is not None else None,
     ) as span:
         if approval_id:
             span.set_approval_id(approval_id)
-        try:
-            body, action_hash, args = write_action(tool, call)
-        except ValidationError as exc:
-            span.record_error("InvalidArguments", "arguments failed validation")
-            return {
-                "result": tool_result(
-                    call_id, f"invalid arguments for {tool_name}: {exc}", is_error=True
-                )
-            }, None
-        if approval_id is None and policy.approval_needed(args.model_dump(mode="json"))[0]:
-            # No approval was asked for (a caller that skipped wait_for_approval, or a policy
-            # that changed since the approval step decided): the rules now ask for one.
-            span.record_error("ApprovalMissing", "the policy asks for an approval")
-            return {
-                "result": tool_result(
-                    call_id,
-                    f"refused: the policy asks for an approval of this {tool_name} call and "
-                    "none was given; call it again to ask for one",
-                    is_error=True,
-                )
-            }, None
-        # The relay's delivery span links to this one, under the run's root.
-        delivery = delivery_request(tool, body, policy, span_traceparent(span.span))
-        # This worker's relay, when it runs one on this loop: it sends the effect now.
-        deliverer = local_deliverer()
-
-        facts: dict[str, Any] = {
-            "key": key,
-            "run_id": uuid.UUID(run_id),
-            "tenant_id": uuid.UUID(tenant_id),
-            "tool": tool_name,
-            "request_hash": action_hash,
-            "destination": tool.effect.destination,
-            "request": delivery,
-        }
-        moved = {"tool_call_id": call_id, "idempotency_key": key}
-
-        def with_claim(
-            effect: Effect, claim: Claim | None, request: dict[str, Any] | None = None
-        ) -> tuple[dict[str, Any], Claimed | None]:
-            recorded = {**_recorded(effect), "compensable": _compensate_path(tool) is not None}
-            if claim is None:
-                return recorded, None
-            request = request if request is not None else delivery.to_json()
-            return recorded, Claimed.at_insert(effect, claim, request, replan_step)
-
-        # The send the commit of the record ahead started, when this step takes that record.
-        early: concurrent.futures.Future[Sent] | None = None
-
-        async def record() -> tuple[dict[str, Any], Claimed | None]:
-            nonlocal early
-            if (
-                ahead is not None
-                and deliverer is not None
-                and approval_id is None
-                and ahead.effect.request_hash == action_hash
-            ):
-                early = ahead.sending
-                return with_claim(ahead.effect, ahead.claim, ahead.request)
-            if deliverer is not None:
-                # One statement, one round trip (agent.effect_record).
-                try:
-                    effect, claim = await record_claimed_write(
-                        deliverer,
-                        rt.pool,
-                        step=step_name,
-                        payload=moved,
-                        approval_id=uuid.UUID(approval_id) if approval_id else None,
-                        **facts,
-                    )
-                except NotGranted as refused:
-                    return {"refused": refused.problem}, None
-                return with_claim(effect, claim)
-            # A relay elsewhere delivers: the rows are born pending, for its claim.
-            pending: tuple[dict[str, Any], Claimed | None] = await db_call(record_pending)
-            return pending
-
-        def record_pending(conn: Conn) -> tuple[dict[str, Any], Claimed | None]:
-            # The effect, its outbox row and the run's move to executing commit together,
-            # and only after this transaction has read the approval that allows them.
-            with conn.transaction():
-                if approval_id is not None:
-                    problem = not_granted(approval_get(conn, uuid.UUID(approval_id)), action_hash)
-                    if problem is not None:
-                        return {"refused": problem}, None
-                run_ensure_status(
-                    conn, uuid.UUID(run_id), RunStatus.EXECUTING, "executing", moved, step=step_name
-                )
-                effect = effect_begin(conn, **facts)
-            return with_claim(effect, None)
-
-        # Watch from before the commit: the outcome may be recorded before we look.
-        with dbos_waiters.watch(run_id, key) as watch:
-            answer = await record()
-            recorded, claimed = answer
-            if "refused" in recorded:
-                span.record_error("ApprovalMismatch", "the approval does not cover this action")
-                return {
-                    "result": tool_result(
-                        call_id,
-                        f"refused: {recorded['refused']}; a changed action needs a new approval",
-                        is_error=True,
-                    )
-                }, None
-            confirm: asyncio.Future[bool] | None = None
-            if claimed is not None and deliverer is not None:
-                if early is not None:
-                    sent = await asyncio.wrap_future(early)
-                    # Its outcome's record moves the run back as that commit foresaw; a
-                    # step that expects otherwise waits for the record and moves it itself.
-                    carries = ahead is not None and ahead.replan_step == replan_step
-                else:
-                    sent, carries = await deliverer.send_now(claimed), True
-                if sent is not None:
-                    answered, its_record = sent
-                    if defer and carries and answered.status.value in SETTLED:
-                        confirm = its_record  # the caller awaits it before committing more
-                        recorded = {**recorded, **_delivered(answered)}
-                    elif await its_record:
-                        recorded = {**recorded, **_delivered(answered)}
-            if recorded["status"] not in SETTLED and await watch.wait(SETTLE_WATCH_S):
-                settled = await db_call(lambda conn: _recorded(effect_require(conn, key)))
-                recorded = {**settled, "compensable": recorded["compensable"]}
+        if (
+            ahead is not None
+            and ahead.sending is not None
+            and deliverer is not None
+            and approval_id is None
+            and ahead.policy_version == rt.policy.version
+        ):
+            # The record ahead validated these arguments and hashed this request under this
+            # policy, from the same journaled call: its send is under way. Its outcome's
+            # record moves the run back as that commit foresaw; a step that expects otherwise
+            # waits for the record and moves it itself.
+            recorded, confirm = await _take_delivery(
+                _sent(ahead.sending),
+                _with_compensable(ahead.effect, tool),
+                defer=defer,
+                carries=ahead.replan_step == replan_step,
+            )
+            if recorded["status"] not in SETTLED:
+                # The outcome may have been recorded before this watch began: read it once.
+                with dbos_waiters.watch(run_id, key) as watch:
+                    recorded = await _settled_meanwhile(key, recorded, watch, read_first=True)
+        else:
+            answer = await _record_here(
+                rt,
+                tool,
+                span,
+                run_id,
+                tenant_id,
+                step_name,
+                call,
+                approval_id,
+                deliverer,
+                defer=defer,
+                replan_step=replan_step,
+            )
+            if isinstance(answer, dict):
+                return answer, None
+            recorded, confirm = answer
         span.set_effect_status(recorded["status"])
         if recorded["status"] == EffectStatus.FAILED.value:
             outcome = recorded.get("outcome") or {}
             span.record_error(sc.ERROR_EFFECT_FAILED, str(outcome.get("error") or "failed"))
         recorded["recorded_at"] = time.time()  # a durable wait for the outcome starts here
         return recorded, confirm
+
+
+async def _record_here(
+    rt: Runtime,
+    tool: Tool,
+    span: ToolRecorder,
+    run_id: str,
+    tenant_id: str,
+    step_name: str,
+    call: dict[str, Any],
+    approval_id: str | None,
+    deliverer: Deliverer | None,
+    *,
+    defer: bool,
+    replan_step: str | None,
+) -> dict[str, Any] | tuple[dict[str, Any], asyncio.Future[bool] | None]:
+    """The write recorded by this step: validated, checked against the policy and its
+    approval, committed with its outbox row and the run's move to executing, then sent when
+    this worker delivers. A dict: the tool result of a write refused before anything was
+    recorded."""
+    assert tool.effect is not None
+    tool_name = tool.name
+    call_id = str(call["id"])
+    key = idempotency_key(run_id, call_id)
+    policy = rt.policy.for_write_tool(tool_name)
+    try:
+        body, action_hash, args = write_action(tool, call)
+    except ValidationError as exc:
+        span.record_error("InvalidArguments", "arguments failed validation")
+        return {
+            "result": tool_result(
+                call_id, f"invalid arguments for {tool_name}: {exc}", is_error=True
+            )
+        }
+    if approval_id is None and policy.approval_needed(args.model_dump(mode="json"))[0]:
+        # No approval was asked for (a caller that skipped wait_for_approval, or a policy
+        # that changed since the approval step decided): the rules now ask for one.
+        span.record_error("ApprovalMissing", "the policy asks for an approval")
+        return {
+            "result": tool_result(
+                call_id,
+                f"refused: the policy asks for an approval of this {tool_name} call and "
+                "none was given; call it again to ask for one",
+                is_error=True,
+            )
+        }
+    # The relay's delivery span links to this one, under the run's root.
+    delivery = delivery_request(tool, body, policy, span_traceparent(span.span))
+    facts: dict[str, Any] = {
+        "key": key,
+        "run_id": uuid.UUID(run_id),
+        "tenant_id": uuid.UUID(tenant_id),
+        "tool": tool_name,
+        "request_hash": action_hash,
+        "destination": tool.effect.destination,
+        "request": delivery,
+    }
+    moved = {"tool_call_id": call_id, "idempotency_key": key}
+
+    def record_pending(conn: Conn) -> dict[str, Any]:
+        # The effect, its outbox row and the run's move to executing commit together,
+        # and only after this transaction has read the approval that allows them.
+        with conn.transaction():
+            if approval_id is not None:
+                problem = not_granted(approval_get(conn, uuid.UUID(approval_id)), action_hash)
+                if problem is not None:
+                    return {"refused": problem}
+            run_ensure_status(
+                conn, uuid.UUID(run_id), RunStatus.EXECUTING, "executing", moved, step=step_name
+            )
+            return _with_compensable(effect_begin(conn, **facts), tool)
+
+    # Watch from before the commit: the outcome may be recorded before we look.
+    with dbos_waiters.watch(run_id, key) as watch:
+        confirm: asyncio.Future[bool] | None = None
+        if deliverer is not None:
+            # One statement, one round trip (agent.effect_record).
+            try:
+                effect, claim = await record_claimed_write(
+                    deliverer,
+                    rt.pool,
+                    step=step_name,
+                    payload=moved,
+                    approval_id=uuid.UUID(approval_id) if approval_id else None,
+                    **facts,
+                )
+            except NotGranted as refused:
+                recorded: dict[str, Any] = {"refused": refused.problem}
+            else:
+                recorded = _with_compensable(effect, tool)
+                if claim is not None:
+                    claimed = Claimed.at_insert(effect, claim, delivery.to_json(), replan_step)
+                    recorded, confirm = await _take_delivery(
+                        deliverer.send_now(claimed), recorded, defer=defer, carries=True
+                    )
+        else:
+            # A relay elsewhere delivers: the rows are born pending, for its claim.
+            recorded = await db_call(record_pending)
+        if "refused" in recorded:
+            span.record_error("ApprovalMismatch", "the approval does not cover this action")
+            return {
+                "result": tool_result(
+                    call_id,
+                    f"refused: {recorded['refused']}; a changed action needs a new approval",
+                    is_error=True,
+                )
+            }
+        return await _settled_meanwhile(key, recorded, watch), confirm
+
+
+async def _sent(sending: concurrent.futures.Future[Sent]) -> Sent:
+    # Mostly done by now (the POST ran while DBOS changed steps): no trip through the loop.
+    if sending.done():
+        return sending.result()
+    return await asyncio.wrap_future(sending)
+
+
+async def _take_delivery(
+    sending: Awaitable[Sent], recorded: dict[str, Any], *, defer: bool, carries: bool
+) -> tuple[dict[str, Any], asyncio.Future[bool] | None]:
+    """What this worker's own delivery of a claimed write says. With `defer`, a settled
+    outcome whose record carries what the caller expects comes back before its record, with
+    the future of that record (`record_and_send`); else the outcome counts once recorded."""
+    sent = await sending
+    if sent is None:
+        return recorded, None
+    answered, its_record = sent
+    if defer and carries and answered.status.value in SETTLED:
+        return {**recorded, **_delivered(answered)}, its_record
+    if await its_record:
+        return {**recorded, **_delivered(answered)}, None
+    return recorded, None
+
+
+async def _settled_meanwhile(
+    key: str, recorded: dict[str, Any], watch: dbos_waiters.Watch, *, read_first: bool = False
+) -> dict[str, Any]:
+    """An effect not settled yet, watched for a moment (`SETTLE_WATCH_S`): what its row says
+    once a message says its outcome was recorded. `read_first`: the watch began after the
+    record's commit, so the row is read once before waiting."""
+    if recorded["status"] in SETTLED:
+        return recorded
+    if not read_first and not await watch.wait(SETTLE_WATCH_S):
+        return recorded
+    settled = await db_call(lambda conn: _recorded(effect_require(conn, key)))
+    if read_first and settled["status"] not in SETTLED and await watch.wait(SETTLE_WATCH_S):
+        settled = await db_call(lambda conn: _recorded(effect_require(conn, key)))
+    return {**settled, "compensable": recorded["compensable"]}
+
+
+def _with_compensable(effect: Effect, tool: Tool) -> dict[str, Any]:
+    return {**_recorded(effect), "compensable": _compensate_path(tool) is not None}
 
 
 #: error.type of an effect wait span by the outcome that ended it.
