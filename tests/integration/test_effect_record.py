@@ -10,6 +10,7 @@ path), through a worker.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import uuid
 from typing import Any
 
@@ -19,13 +20,15 @@ from ledgerloop.agent.effect_record import NotGranted, record_claimed_write
 from ledgerloop.approvals.preview import render_preview
 from ledgerloop.approvals.principals import principal_create
 from ledgerloop.approvals.store import approval_decide, approval_request
-from ledgerloop.db.connect import Conn, make_pool
+from ledgerloop.db.connect import Conn, connect, make_pool
 from ledgerloop.db.errors import DatabaseUnreachable
 from ledgerloop.effects.errors import KeyReuse
 from ledgerloop.effects.hashing import idempotency_key, request_hash
-from ledgerloop.effects.ledger import Claim, Effect
-from ledgerloop.effects.messages import DeliveryRequest, EffectStatus
+from ledgerloop.effects.ledger import Claim, Effect, effect_await
+from ledgerloop.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
+from ledgerloop.effects.outbox import Claimed, Outcome, connect_async, outbox_record
 from ledgerloop.effects.relay import Relay
+from ledgerloop.effects.testing import messages_for
 from ledgerloop.failures import is_transient
 from ledgerloop.runs.start import start_run
 from ledgerloop.runs.states import InvalidTransition, RunStatus
@@ -230,3 +233,97 @@ def test_a_record_after_its_relay_stopped_is_transient_and_opens_nothing(db_url:
         assert relay._steps_pool is None
 
     asyncio.run(go())
+
+
+# -- awaited: an outcome's message only for a workflow that waits (migration 0021) ----------
+
+
+def _record_outcome(url: str, effect: Effect, claim: Claim, status: EffectStatus) -> set[str]:
+    """The relay's record of the delivery's outcome (effects.outbox.outbox_record)."""
+
+    async def go() -> set[str]:
+        async with await connect_async(url) as aconn:
+            claimed = Claimed.at_insert(effect, claim, REQUEST.to_json())
+            outcome = Outcome(claimed, status, OutboxStatus.DONE, result={"id": 7})
+            return await outbox_record(aconn, [outcome])
+
+    return asyncio.run(go())
+
+
+def _heard(conn: Conn, effect: Effect) -> list[str]:
+    return [m["message"]["status"] for m in messages_for(conn, effect.run_id, effect.key)]
+
+
+def _xmin(conn: Conn, effect: Effect) -> str:
+    row = conn.execute(
+        "SELECT xmin::text AS x FROM ledgerloop.activity_effect WHERE idempotency_key = %s",
+        (effect.key,),
+    ).fetchone()
+    assert row is not None
+    return str(row["x"])
+
+
+def test_an_outcome_its_own_step_reads_back_is_told_only_once_a_workflow_waits(
+    conn: Conn, db_url: str
+) -> None:
+    run_id = _run_in(conn, RunStatus.PLANNING)
+    effect, claim = _record(db_url, run_id)
+    assert claim is not None
+    assert _record_outcome(db_url, effect, claim, EffectStatus.SUCCEEDED) == {effect.key}
+    assert _heard(conn, effect) == []  # the step that sent it took the outcome from its send
+    marked = effect_await(conn, effect.key)
+    assert marked.status is EffectStatus.SUCCEEDED
+    assert _heard(conn, effect) == ["succeeded"]  # the status recorded before the wait began
+    # Marked already: read only, no new row version and no second message.
+    before = _xmin(conn, effect)
+    assert effect_await(conn, effect.key).status is EffectStatus.SUCCEEDED
+    assert _xmin(conn, effect) == before
+    assert _heard(conn, effect) == ["succeeded"]
+
+
+def test_an_effect_marked_before_its_outcome_is_told_it(conn: Conn, db_url: str) -> None:
+    run_id = _run_in(conn, RunStatus.PLANNING)
+    effect, claim = _record(db_url, run_id)
+    assert claim is not None
+    assert effect_await(conn, effect.key).status is EffectStatus.STARTED
+    assert _heard(conn, effect) == []  # started is not reported
+    _record_outcome(db_url, effect, claim, EffectStatus.OUTCOME_UNKNOWN)
+    assert _heard(conn, effect) == ["outcome_unknown"]
+
+
+@pytest.mark.parametrize("first", ["outcome", "mark"])
+def test_a_mark_and_an_outcome_at_once_tell_the_workflow_exactly_once(
+    conn: Conn, db_url: str, first: str
+) -> None:
+    """Both lock the row: whichever commits second sees the other's row, so the message is
+    sent once, by the outcome's trigger or by the mark's."""
+    run_id = _run_in(conn, RunStatus.PLANNING)
+    effect, claim = _record(db_url, run_id)
+    assert claim is not None
+    outcome_sql = (
+        "UPDATE ledgerloop.activity_effect SET status = 'succeeded', updated_at = now() "
+        "WHERE idempotency_key = %s AND status = 'started'"
+    )
+    with connect(db_url) as holder:
+        # The first one's transaction holds the row while the second one runs.
+        if first == "outcome":
+            holder.execute(outcome_sql, (effect.key,))
+        else:
+            effect_await(holder, effect.key)
+
+        def second() -> EffectStatus | None:
+            with connect(db_url, autocommit=True) as other:
+                if first == "outcome":
+                    return effect_await(other, effect.key).status
+                other.execute(outcome_sql, (effect.key,))
+                return None
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(second)
+            with pytest.raises(concurrent.futures.TimeoutError):
+                waiting.result(timeout=0.3)  # blocked on the row
+            holder.commit()
+            answer = waiting.result(timeout=10)
+    if first == "outcome":
+        assert answer is EffectStatus.SUCCEEDED  # the mark read the committed outcome
+    assert _heard(conn, effect) == ["succeeded"]

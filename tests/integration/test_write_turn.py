@@ -15,6 +15,7 @@ import httpx
 
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.ledger import effect_list
+from ledgerloop.effects.testing import messages_for
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.testing.postgres import wait_until
@@ -192,6 +193,9 @@ default:
     assert sent_second is not None
     assert tools[second].start_time is not None
     assert sent_second > tools[second].start_time
+    # Both outcomes came back to think-1 from this worker's own delivery: no workflow
+    # waited, so no DBOS message was sent for either (migration 0021).
+    assert messages_for(conn, run_id) == []
 
 
 def test_a_write_sent_at_the_answers_commit_moves_the_run_back_with_its_outcome(
@@ -393,3 +397,27 @@ def test_a_write_settled_by_someone_else_first_is_answered_with_the_rows_outcome
     assert result["content"] == "settled elsewhere"
     (effect,) = effect_list(conn, run_id=run_id)
     assert (effect.status.value, effect.error) == ("failed", "settled elsewhere")
+
+
+def test_a_write_its_delivery_did_not_settle_is_awaited_and_its_outcome_heard(
+    conn: Conn, scripted_model: Any, worker: Any, tickets: TicketServiceThread
+) -> None:
+    """A write this worker's relay delivers is recorded not awaited: its step takes the
+    outcome from the delivery. When the delivery does not settle it (a 503: the relay
+    retries later), the step marks the effect awaited before it waits for a message, so the
+    retry's outcome reaches the run as one; unmarked, the run would wait until its
+    deadline."""
+    httpx.post(
+        f"{tickets.url}/_faults", json={"mode": "fail_before_commit", "kind": "idempotent"}
+    ).raise_for_status()
+    model = scripted_model(
+        "default: {turns: [{tool_use: {name: ticket_idempotent, input: {title: x}}}, {text: done}]}"
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "writer", "file")
+    run = wait_terminal(conn, run_id, timeout=30)
+    assert run.status is RunStatus.SUCCEEDED, run.state
+    (effect,) = effect_list(conn, run_id=run_id)
+    assert (effect.status.value, effect.attempts) == ("succeeded", 2)
+    assert _stats(tickets)["created"] == 1
+    assert [m["message"]["status"] for m in messages_for(conn, run_id, effect.key)] == ["succeeded"]

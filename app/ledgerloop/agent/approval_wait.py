@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ledgerloop.agent import act_mcp, steps, tracing, write_steps
+from ledgerloop.agent import act_mcp, approval_steps, steps, tracing
 from ledgerloop.agent.act_sandbox import suspend_sandboxes
 from ledgerloop.agent.context import Approved, RunContext, Stop
 from ledgerloop.agent.hibernation import wait_message
@@ -44,7 +44,7 @@ async def wait_for_approval(
     seen: dict[str, Any] = await run_step(
         step,
         CODE_STEP,
-        write_steps.request_approval,
+        approval_steps.request_approval,
         run.run_id,
         run.tenant_id,
         run.deadline,
@@ -85,7 +85,7 @@ async def wait_for_approval(
         seen = await run_step(
             f"{step}-{wakes}",
             CODE_STEP,
-            write_steps.check_approval,
+            approval_steps.check_approval,
             run.run_id,
             approval_id,
             action_hash,

@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from ledgerloop.agent.write_steps import _compensate_path, _find_tool, _tool, effect_facts
+from ledgerloop.agent.write_steps import _compensate_path, _find_tool, effect_facts, write_tool
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.ledger import (
     COMPENSATION_SUFFIX,
@@ -28,7 +28,7 @@ def record_compensation(
 ) -> dict[str, Any]:
     """Begin the compensating effect of `key` (its own key, `...:compensate`, and audit trail)."""
     rt = get_runtime()
-    delivery = compensation_delivery(_tool(agent_name, tool_name), key, ref)
+    delivery = compensation_delivery(write_tool(agent_name, tool_name), key, ref)
 
     def record(conn: Conn) -> dict[str, Any]:
         with conn.transaction():

@@ -1,13 +1,13 @@
-"""The step bodies of the write path: approval request and effect record (compensations are
-in `compensation_steps`).
+"""The step bodies of the write path: the effect's record, its send and its outcome (the
+approval's are in `approval_steps`, compensations' in `compensation_steps`).
 
 The orchestration around them (which step runs when, the durable waits) is in
 `ledgerloop.agent.primitives`; these bodies only touch the database, each at least once and
 idempotently.
 
 Messages wake; records decide. A DBOS message is only a signal (any role holding DBOS's grants
-can send one): after every wake the run reads the approval row (`check_approval`) or the effect
-row (`read_outcome`) and acts on what it read.
+can send one): after every wake the run reads the effect row (`read_outcome`) and acts on what
+it read.
 
 The action hash is computed inside steps (it includes the policy version, which a deploy may
 change), and the tool step records no effect unless, in its own transaction, the approval row
@@ -23,7 +23,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -40,19 +39,17 @@ from ledgerloop.agent.effect_record import (
 )
 from ledgerloop.agent.stepping import db_call
 from ledgerloop.agent.steps import tool_result
-from ledgerloop.approvals.preview import render_preview
-from ledgerloop.approvals.records import ApprovalStatus
-from ledgerloop.approvals.store import approval_check, approval_get, approval_request
+from ledgerloop.approvals.store import approval_get
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.hashing import idempotency_key, request_hash
 from ledgerloop.effects.ledger import (
     Effect,
+    effect_await,
     effect_begin,
     effect_require,
 )
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus
 from ledgerloop.effects.outbox import Claimed, Deliverer, Outcome
-from ledgerloop.faults import hit
 from ledgerloop.mcptools.client import META_IDEMPOTENCY_KEY
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_ensure_status
@@ -60,7 +57,7 @@ from ledgerloop.runtime import Runtime, get_runtime
 from ledgerloop.telemetry import ToolRecorder, tool_span
 from ledgerloop.telemetry import semconv as sc
 from ledgerloop.telemetry.runtrace import span_traceparent
-from ledgerloop.tools.policy import EffectFacts, OnTimeout, ToolPolicy
+from ledgerloop.tools.policy import EffectFacts, ToolPolicy
 from ledgerloop.tools.registry import HttpEffect, McpEffect, Tool
 
 log = logging.getLogger(__name__)
@@ -135,133 +132,9 @@ def write_action(tool: Tool, call: dict[str, Any]) -> tuple[dict[str, Any], str,
     return body, request_hash(tool.name, body, _target(tool), policy_version), args
 
 
-def _tool_summary(tool: Tool, args: BaseModel) -> str | None:
-    """The tool's own one-line preview, if it has one; a failing one must not block the
-    approval (the approver still sees every argument)."""
-    if tool.preview is None:
-        return None
-    try:
-        return str(tool.preview(args))
-    except Exception:
-        log.warning("the preview of tool %s failed; using the default summary", tool.name)
-        return None
-
-
 # -- step bodies (at least once; idempotent) ------------------------------------------------
 # Plain functions where they can be: DBOS runs a sync step body, its journal check and its
 # checkpoint in one trip to its thread pool (an async body costs three).
-
-
-def request_approval(
-    run_id: str,
-    tenant_id: str,
-    deadline: float,
-    agent_name: str,
-    tool_name: str,
-    call: dict[str, Any],
-    mcp_definition: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    rt = get_runtime()
-    tool = _tool(agent_name, tool_name, mcp_definition)
-    policy = rt.policy.for_write_tool(tool_name)
-    try:
-        body, action_hash, args = write_action(tool, call)
-    except ValidationError as exc:
-        return {"invalid": f"invalid arguments for {tool_name}: {exc}"}
-    arguments = args.model_dump(mode="json")
-    # Decided here, in the step, so the journal holds the decision: a replay takes the same
-    # path whatever the policy file says by then.
-    needed, why = policy.approval_needed(arguments)
-    if not needed:
-        return {
-            "required": False,
-            "why": why,
-            "action_hash": action_hash,
-            "policy_version": rt.policy.version,
-        }
-    # Expiry is computed by the database's clock (ttl from its now()), the one that checks
-    # it; the run's deadline caps it. keep_waiting: open as long as the run may live.
-    ttl_s = None if policy.on_timeout is OnTimeout.KEEP_WAITING else policy.approval_ttl_s
-    preview = render_preview(
-        tool_name,
-        body,
-        {"version": rt.policy.version, "summary": policy.summary},
-        fields=arguments,
-        tool_summary=_tool_summary(tool, args),
-    )
-
-    def record(conn: Conn) -> dict[str, Any]:
-        with conn.transaction():
-            approval = approval_request(
-                conn,
-                run_id=uuid.UUID(run_id),
-                tenant_id=uuid.UUID(tenant_id),
-                tool=tool_name,
-                tool_call_id=str(call["id"]),
-                action_hash=action_hash,
-                preview=preview,
-                policy_version=rt.policy.version,
-                required_roles=policy.approver_roles,
-                expires_at=datetime.fromtimestamp(deadline, UTC),
-                ttl_s=ttl_s,
-            )
-            run_ensure_status(
-                conn,
-                uuid.UUID(run_id),
-                RunStatus.AWAITING_APPROVAL,
-                "approval_requested",
-                {
-                    "approval_id": str(approval.id),
-                    "tool": tool_name,
-                    "tool_call_id": str(call["id"]),
-                    "action_hash": action_hash,
-                },
-            )
-        return {
-            "approval_id": str(approval.id),
-            "action_hash": action_hash,
-            # When the wait for a person began (its span starts here, in whichever execution
-            # the wait ends).
-            "requested_at": approval.requested_at.timestamp(),
-        }
-
-    with rt.pool.connection() as conn:
-        asked = record(conn)
-    # The approval is visible to approvers; the step's checkpoint is not written yet.
-    hit("approval.after_request")
-    return {**asked, **check_approval(run_id, asked["approval_id"], action_hash)}
-
-
-def check_approval(run_id: str, approval_id: str, action_hash: str) -> dict[str, Any]:
-    """The approval row as the run acts on it: a verdict, never a message's word.
-
-    `approved` only when a principal decided it (the table's constraint says who, with which
-    role) for exactly `action_hash`; a pending approval past its expiry (the database's clock)
-    is expired here. `wait_s` says how long a pending one may still be waited for.
-    """
-    with get_runtime().pool.connection() as conn:
-        reading = approval_check(conn, uuid.UUID(approval_id))
-    approval = reading.approval
-    verdict: dict[str, Any] = {
-        "status": approval.status.value,
-        "expires_at": approval.expires_at.timestamp() if approval.expires_at else None,
-        "now": time.time(),
-    }
-    if approval.status is ApprovalStatus.PENDING:
-        # None: no expiry; the run's deadline bounds the wait.
-        remaining = reading.remaining_s
-        verdict["wait_s"] = None if remaining is None else max(remaining, 0.0)
-    elif approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED):
-        verdict["decided_by"] = approval.decided_by_name or str(approval.decided_by_principal)
-        verdict["decided_at"] = approval.decided_at.timestamp() if approval.decided_at else None
-        verdict["reason"] = approval.reason
-        problem = not_granted(approval, action_hash)
-        if approval.status is ApprovalStatus.APPROVED and problem is not None:
-            verdict["status"] = "mismatch"
-            verdict["problem"] = problem
-    if str(approval.run_id) != run_id:
-        verdict = {"status": "mismatch", "problem": f"approval {approval_id} is not this run's"}
-    return verdict
 
 
 async def record_effect(
@@ -312,8 +185,9 @@ async def record_and_send(
 
 
 async def read_effect(key: str) -> dict[str, Any]:
-    """An effect's row as `record_effect` reports it."""
-    found: dict[str, Any] = await db_call(lambda conn: _recorded(effect_require(conn, key)))
+    """An effect's row as `record_effect` reports it, marked awaited (effect_await): the
+    caller may go on to wait for its outcome."""
+    found: dict[str, Any] = await db_call(lambda conn: _recorded(effect_await(conn, key)))
     return found
 
 
@@ -331,7 +205,7 @@ async def _record_effect(
     replan_step: str | None = None,
 ) -> tuple[dict[str, Any], asyncio.Future[bool] | None]:
     rt = get_runtime()
-    tool = _tool(agent_name, tool_name, mcp_definition)
+    tool = write_tool(agent_name, tool_name, mcp_definition)
     assert tool.effect is not None
     call_id = str(call["id"])
     key = idempotency_key(run_id, call_id)
@@ -370,9 +244,8 @@ async def _record_effect(
                 carries=ahead.replan_step == replan_step,
             )
             if recorded["status"] not in SETTLED:
-                # The outcome may have been recorded before this watch began: read it once.
                 with dbos_waiters.watch(run_id, key) as watch:
-                    recorded = await _settled_meanwhile(key, recorded, watch, read_first=True)
+                    recorded = await _settled_meanwhile(key, recorded, watch, born_awaited=False)
         else:
             answer = await _record_here(
                 rt,
@@ -471,6 +344,9 @@ async def _record_here(
     # Watch from before the commit: the outcome may be recorded before we look.
     with dbos_waiters.watch(run_id, key) as watch:
         confirm: asyncio.Future[bool] | None = None
+        # Recorded for this worker's relay, the effect is born not awaited (its outcome comes
+        # back from the delivery): it is marked before this step waits for a message.
+        born_awaited = False
         if deliverer is not None:
             # One statement, one round trip (agent.effect_record).
             try:
@@ -494,6 +370,7 @@ async def _record_here(
         else:
             # A relay elsewhere delivers: the rows are born pending, for its claim.
             recorded = await db_call(record_pending)
+            born_awaited = True
         if "refused" in recorded:
             span.record_error("ApprovalMismatch", "the approval does not cover this action")
             return {
@@ -503,7 +380,7 @@ async def _record_here(
                     is_error=True,
                 )
             }
-        return await _settled_meanwhile(key, recorded, watch), confirm
+        return await _settled_meanwhile(key, recorded, watch, born_awaited=born_awaited), confirm
 
 
 async def _sent(sending: concurrent.futures.Future[Sent]) -> Sent:
@@ -531,19 +408,31 @@ async def _take_delivery(
 
 
 async def _settled_meanwhile(
-    key: str, recorded: dict[str, Any], watch: dbos_waiters.Watch, *, read_first: bool = False
+    key: str, recorded: dict[str, Any], watch: dbos_waiters.Watch, *, born_awaited: bool
 ) -> dict[str, Any]:
     """An effect not settled yet, watched for a moment (`SETTLE_WATCH_S`): what its row says
-    once a message says its outcome was recorded. `read_first`: the watch began after the
-    record's commit, so the row is read once before waiting."""
+    once a message says its outcome was recorded. Whatever it returns unsettled is marked
+    awaited (effect_await), for the durable wait that follows.
+
+    `born_awaited`: this step recorded the effect for a relay elsewhere, so its outcome sends a
+    message; the row is read when one came, or when none did (a repeat of the step may have
+    found an effect recorded for a relay here, which is marked then). Otherwise the effect is
+    marked and read first: its outcome may be recorded already, without a message."""
     if recorded["status"] in SETTLED:
         return recorded
-    if not read_first and not await watch.wait(SETTLE_WATCH_S):
-        return recorded
-    settled = await db_call(lambda conn: _recorded(effect_require(conn, key)))
-    if read_first and settled["status"] not in SETTLED and await watch.wait(SETTLE_WATCH_S):
-        settled = await db_call(lambda conn: _recorded(effect_require(conn, key)))
-    return {**settled, "compensable": recorded["compensable"]}
+    if not born_awaited:
+        recorded = await _awaited(key, recorded)
+        if recorded["status"] in SETTLED:
+            return recorded
+    if await watch.wait(SETTLE_WATCH_S) or born_awaited:
+        recorded = await _awaited(key, recorded)
+    return recorded
+
+
+async def _awaited(key: str, recorded: dict[str, Any]) -> dict[str, Any]:
+    """The effect's row, marked awaited (effect_await), as `recorded` reports it."""
+    row = await db_call(lambda conn: _recorded(effect_await(conn, key)))
+    return {**row, "compensable": recorded["compensable"]}
 
 
 def _with_compensable(effect: Effect, tool: Tool) -> dict[str, Any]:
@@ -559,7 +448,8 @@ WAIT_ERRORS = {
 
 #: How long the act step itself watches for its effect's outcome. Most downstreams answer
 #: inside it: the outcome is then this step's result, and the workflow skips a durable wait
-#: (its message stays unread; nothing waits on that topic again). Slower effects, unknown
+#: (a message, when the effect was awaited, stays unread: nothing waits on that topic again;
+#: a write this worker delivers sends none, migration 0021). Slower effects, unknown
 #: outcomes and people are left to the durable wait. Nothing holds a thread meanwhile.
 SETTLE_WATCH_S = 0.5
 SETTLED = frozenset({EffectStatus.SUCCEEDED.value, EffectStatus.FAILED.value})
@@ -648,7 +538,7 @@ def _find_tool(agent_name: str, name: str) -> Tool | None:
     return agent.tool(name) if agent is not None else None
 
 
-def _tool(agent_name: str, name: str, mcp_definition: dict[str, Any] | None = None) -> Tool:
+def write_tool(agent_name: str, name: str, mcp_definition: dict[str, Any] | None = None) -> Tool:
     """The tool a write step runs: an MCP write tool from the definition the run journaled
     in its discovery (passed in by the workflow: agents in one worker may each discover a
     tool of one name on a different server), else the agent's own."""

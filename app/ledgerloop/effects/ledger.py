@@ -182,6 +182,17 @@ def effect_require(conn: Conn, key: str) -> Effect:
     return effect
 
 
+def effect_await(conn: Conn, key: str) -> Effect:
+    """`effect_require` for a workflow about to wait for the effect's outcome: the effect is
+    marked awaited first, so every status recorded from now on (and the one recorded
+    already) sends its message. The mark counts once the caller's transaction commits (a
+    pooled connection's block commits at its end): commit it before waiting."""
+    row = conn.execute(Q["effect_await"], {"key": key}).fetchone()
+    if row is None:
+        raise EffectNotFound(f"no effect {key!r}", fix="check the key and the tenant")
+    return Effect.from_row(row)
+
+
 def effect_list(
     conn: Conn,
     *,

@@ -2,8 +2,10 @@
 -- outbox is here, but one: an act step's record of an effect its own worker's relay delivers,
 -- which moves the run in the same statement (agent/queries.sql, effect_record_claimed).
 -- Messages to waiting workflows are sent by the trigger
--- activity_effect_reported (migration 0003) whenever a status in REPORTED is recorded, so no
--- query below can record an outcome without telling the workflow.
+-- activity_effect_reported (migration 0003) whenever a status in REPORTED is recorded on an
+-- effect a workflow may wait for (`awaited`, migration 0021), so no query below can record an
+-- outcome without telling a workflow that waits. An effect its own worker's relay delivers is
+-- born not awaited; effect_await marks it before its step waits.
 --
 -- Guards: every update of an effect that someone else may be settling at the same time carries
 -- `status = seen AND attempts = seen`, so of a late relay and a reconciler exactly one wins.
@@ -35,6 +37,26 @@ SELECT idempotency_key, run_id, tenant_id, tool, request_hash, destination, stat
        resolved_by, created_at, updated_at
 FROM ledgerloop.activity_effect
 WHERE idempotency_key = %(key)s
+
+-- name: effect_await
+-- A workflow is about to wait for this effect's outcome: from now on each status recorded
+-- sends it a message, and marking it sends the message of a status already recorded
+-- (activity_effect_awaited). The row as it is once marked; an effect already awaited is
+-- only read (no row version, no WAL).
+WITH marked AS (
+  UPDATE ledgerloop.activity_effect SET awaited = true
+  WHERE idempotency_key = %(key)s AND NOT awaited
+  RETURNING idempotency_key, run_id, tenant_id, tool, request_hash, destination, status,
+            external_reference, result, error, evidence, attempts, lease_until, compensates,
+            resolved_by, created_at, updated_at
+)
+SELECT * FROM marked
+UNION ALL
+SELECT idempotency_key, run_id, tenant_id, tool, request_hash, destination, status,
+       external_reference, result, error, evidence, attempts, lease_until, compensates,
+       resolved_by, created_at, updated_at
+FROM ledgerloop.activity_effect
+WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM marked)
 
 -- name: effect_list
 SELECT idempotency_key, run_id, tenant_id, tool, request_hash, destination, status,
