@@ -326,6 +326,22 @@ INTERNALS: tuple[Internal, ...] = (
         ),
     ),
     Internal(
+        name="step-start",
+        uses="dbos._outcome.Pending.then replaced on the class: Pending._func, "
+        "dbos._outcome.DeferredResult.resolve_async and DBOS._configure_asyncio_thread_pool, "
+        "as Pending._wrap uses them",
+        relies_on="Pending.then(next, dbos=) composes a coroutine outcome so that calling it "
+        "awaits the body, then runs next on a thread with a thunk that returns the body's "
+        "value or raises its exception, resolves a DeferredResult that next returns on the "
+        "loop, and configures the pool first when given dbos; DBOS's own runs the trivial "
+        "`lambda: next` on a thread before the body, which nothing else observes",
+        why="that hop delays every async step's body (every think step) until a pool thread "
+        "gets the GIL; with a write's relay working on the loop at that moment it took 1.2-1.6 "
+        "ms of a write-tool turn, and DBOS has no setting to skip it",
+        used_in=("app/ledgerloop/agent/dbos_step_start.py",),
+        private_names=("dbos._outcome.DeferredResult", "dbos._outcome.Pending"),
+    ),
+    Internal(
         name="step-checkpoint",
         uses="SystemDatabase.record_operation_result replaced on the process's DBOS instance "
         "by one statement over dbos.workflow_status (the owner token, FOR NO KEY UPDATE) and "

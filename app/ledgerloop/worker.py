@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ledgerloop.agent import dbos_step_start
 from ledgerloop.agent.definition import Agent, agents, agents_from, load_agent_modules
 from ledgerloop.config import Settings
 from ledgerloop.db import dbos_checkpoint, dbos_journal
@@ -225,6 +226,8 @@ async def run_worker(
         # DBOS's queue thread leaves Ledgerloop's queue alone: the dispatcher claims from it.
         DBOS.listen_queues([])
         dbos_internals.slow_background_jobs(settings.dispatch_fallback_s)
+        # Before launch: the workflows DBOS recovers start their steps the same way.
+        dbos_step_start.install()
         DBOS.launch()
         launched = True
         dbos_journal.install(runtime.pool)

@@ -1249,3 +1249,69 @@ def test_dispatch_trigger(cconn: Conn, contract_db: str) -> None:
         name, f"enqueueing sent no notification; the workflow's row is {row}"
     )
     _result(workflow_id, name)  # and the contract worker ran it
+
+
+def test_step_start() -> None:
+    """Ledgerloop's `Pending.then` gives what DBOS's gives, for a value, an exception and the
+    pool's configuration, with one trip through the thread pool fewer (dbos_step_start)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dbos._outcome import Pending
+
+    from ledgerloop.agent import dbos_step_start
+
+    class Dbos:
+        configured = 0
+
+        async def _configure_asyncio_thread_pool(self) -> None:
+            self.configured += 1
+
+    class Counting(ThreadPoolExecutor):
+        submitted = 0
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            Counting.submitted += 1
+            return super().submit(fn, *args, **kwargs)
+
+    async def value() -> int:
+        return 41
+
+    async def failing() -> int:
+        raise KeyError("body")
+
+    def plus_one(got: Any) -> Any:
+        try:
+            return got() + 1
+        except KeyError as exc:
+            return f"raised {exc}"
+
+    def compose(then: Any, body: Any) -> tuple[Any, int, int]:
+        dbos = Dbos()
+
+        async def go() -> Any:
+            asyncio.get_running_loop().set_default_executor(Counting(2))
+            return await then(Pending(body), plus_one, dbos=dbos)()
+
+        Counting.submitted = 0
+        answer = asyncio.run(go())
+        return answer, Counting.submitted, dbos.configured
+
+    installed = dbos_step_start.installed()
+    dbos_step_start.uninstall()
+    try:
+        theirs = [compose(Pending.then, body) for body in (value, failing)]
+        assert dbos_step_start.applies(), broken("step-start", "Pending is not the one replaced")
+        assert dbos_step_start.install()
+        ours = [compose(Pending.then, body) for body in (value, failing)]
+    finally:
+        dbos_step_start.uninstall()
+        if installed:
+            dbos_step_start.install()
+    assert [t[0] for t in theirs] == [42, "raised 'body'"], broken("step-start", f"{theirs}")
+    assert [o[0] for o in ours] == [t[0] for t in theirs], broken("step-start", f"{ours}")
+    assert [o[2] for o in ours] == [t[2] for t in theirs] == [1, 1], broken(
+        "step-start", f"pool configured {theirs}"
+    )
+    # DBOS's: `before` on a thread, then `next`; ours: `next` only.
+    assert [t[1] for t in theirs] == [2, 2], broken("step-start", f"thread trips {theirs}")
+    assert [o[1] for o in ours] == [1, 1], f"thread trips with the patch: {ours}"
