@@ -16,6 +16,7 @@ from typing import Any
 from dbos import DBOS
 
 from ledgerloop.agent import steps
+from ledgerloop.agent.dbos_step_start import dbos_own_step_start
 from ledgerloop.db.dbos_checkpoint import dbos_own_checkpoint
 from ledgerloop.db.dbos_journal import dbos_own_check
 from ledgerloop.examples.ops_agent import OPS_AGENT, SearchArgs, search_kb
@@ -127,7 +128,7 @@ async def measure(runtime: Runtime) -> dict[str, Any]:
         run_id = run_ids[r]
         # The floor is DBOS's own step (its own journal check and checkpoint); the other steps
         # all get the worker's, so their differences are Ledgerloop's step bodies alone.
-        with dbos_own_check(), dbos_own_checkpoint():
+        with dbos_own_check(), dbos_own_checkpoint(), dbos_own_step_start():
             t_bare_empty = await timed(lambda: go(bench_bare_empty, STEPS))
         t_bare_model = await timed(lambda: go(bench_bare_model, STEPS))
         t_think = await timed(lambda: go(bench_think, run_id, STEPS))  # noqa: B023

@@ -30,6 +30,7 @@ import psycopg
 from dbos import DBOS
 from pydantic import BaseModel
 
+from ledgerloop.agent.dbos_step_start import dbos_own_step_start
 from ledgerloop.agent.definition import Agent, register_agent
 from ledgerloop.db.cluster import LocalCluster
 from ledgerloop.db.dbos_checkpoint import dbos_own_checkpoint
@@ -229,7 +230,7 @@ class Meter:
 async def _run_bare(n: int) -> None:
     # The worker's DBOS instance answers its journal check and writes its checkpoints with
     # Ledgerloop's statements; bare DBOS is measured with DBOS's own.
-    with dbos_own_check(), dbos_own_checkpoint():
+    with dbos_own_check(), dbos_own_checkpoint(), dbos_own_step_start():
         for _ in range(n):
             handle = await DBOS.start_workflow_async(bench_bare_turns, f"bench {uuid.uuid4()}")
             answer = await handle.get_result()
