@@ -228,7 +228,6 @@ async def _record_effect(
             span.set_approval_id(approval_id)
         if (
             ahead is not None
-            and ahead.sending is not None
             and deliverer is not None
             and approval_id is None
             and ahead.policy_version == rt.policy.version
