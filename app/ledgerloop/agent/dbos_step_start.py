@@ -7,7 +7,7 @@ the checkpoint (`Pending.then(record_step_result)`). `Pending.then(next)` is bui
 step (every think step, the workflow's own start) waits for a thread of the pool and the GIL
 before its body runs, and only to be handed back a function it already had. On two cores
 with other work on the loop (a write's relay reading its answer, in the same moment), that
-hop took 1.2-1.6 ms of a write turn (`scripts/bench turn_write`, timed per hop).
+hop took 1.2-1.6 ms of a write turn (measured with `scripts/bench turn_write_timeline`).
 
 `install` replaces `Pending.then` with one that runs `next` on a thread after the body, as
 DBOS does, and skips the hop before it. Everything else is DBOS's: the pool's configuration
