@@ -14,7 +14,6 @@ figures are medians over rounds, per run.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
 import tempfile
@@ -40,6 +39,7 @@ from ledgerloop.runtime import Runtime, get_runtime
 from ledgerloop.testing.postgres import DatabaseFactory
 from ledgerloop.tools.registry import ToolContext, read_tool
 from scripts.benchmarks.common import run_in_worker, scripted, settings_for
+from scripts.benchmarks.run_ends import RunEnds, run_ends
 
 TURNS = 5
 ROUNDS = int(os.environ.get("BENCH_TURN_ROUNDS", "5"))
@@ -239,7 +239,7 @@ async def _run_bare(n: int) -> None:
 
 async def _run_ledgerloop(
     runtime: Runtime,
-    poll: psycopg.AsyncConnection[Any],
+    ends: RunEnds,
     n: int,
     agent: str = AGENT,
     tag: str = "bench",
@@ -248,18 +248,10 @@ async def _run_ledgerloop(
         with runtime.pool.connection() as conn:
             conn.autocommit = True
             run_id = start_run(conn, agent=agent, input={"message": f"{tag} {uuid.uuid4()}"})
-        # Waiting for the run is the bench's own work: a tight poll whose statements carry
-        # the meter's marker and are not counted.
-        while True:
-            cur = await poll.execute(
-                "SELECT status AS bench_meter FROM ledgerloop.agent_run WHERE id = %s",
-                (run_id,),
-            )
-            row = await cur.fetchone()
-            if row and row[0] in ("succeeded", "failed", "cancelled"):
-                assert row[0] == "succeeded", f"run {run_id} ended {row[0]}"
-                break
-            await asyncio.sleep(0.001)
+        # Waiting for the run is the bench's own work, told by the run's last commit
+        # (scripts/benchmarks/run_ends.py) and not counted.
+        status = await ends.wait(str(run_id))
+        assert status == "succeeded", f"run {run_id} ended {status}"
 
 
 System = Callable[[int], Awaitable[None]]
@@ -321,17 +313,17 @@ def main() -> None:
         langgraph = _langgraph_system(url, model.url)
 
         async def body(runtime: Runtime) -> dict[str, Any]:
-            poll = await psycopg.AsyncConnection.connect(url, autocommit=True)
+            ends = await run_ends(url)
             systems: dict[str, System] = {
                 "bare DBOS (async steps)": _run_bare,
-                "Ledgerloop": lambda n: _run_ledgerloop(runtime, poll, n),
+                "Ledgerloop": lambda n: _run_ledgerloop(runtime, ends, n),
             }
             if langgraph is not None:
                 systems["LangGraph + PostgresSaver"] = langgraph
             try:
                 return {"costs": await _measure(meter, systems)}
             finally:
-                await poll.close()
+                await ends.close()
 
         settings = settings_for(url, model.url)
         result = run_in_worker(settings, url, body)

@@ -20,7 +20,6 @@ import uuid
 from typing import Any
 
 import httpx
-import psycopg
 from pydantic import BaseModel
 
 from ledgerloop.agent.definition import Agent, register_agent
@@ -35,6 +34,7 @@ from scripts.benchmarks.common import (
     settings_for,
 )
 from scripts.benchmarks.effects import ticket_service
+from scripts.benchmarks.run_ends import run_ends
 from scripts.benchmarks.turn import Cost, Meter, _metered_cluster, _run_ledgerloop
 
 ROUNDS = int(os.environ.get("BENCH_TURN_WRITE_ROUNDS", "15"))
@@ -119,7 +119,7 @@ def main() -> None:
             )
 
             async def body(runtime: Runtime) -> dict[str, Any]:
-                poll = await psycopg.AsyncConnection.connect(url, autocommit=True)
+                ends = await run_ends(url)
                 client = httpx.AsyncClient()
 
                 async def downstream(n: int) -> None:
@@ -135,7 +135,7 @@ def main() -> None:
                 def job(kind: str) -> Any:
                     agent = AGENTS[kind].name
                     tag = kind.upper()
-                    return lambda n: _run_ledgerloop(runtime, poll, n, agent=agent, tag=tag)
+                    return lambda n: _run_ledgerloop(runtime, ends, n, agent=agent, tag=tag)
 
                 systems = {kind: job(kind) for kind in AGENTS}
                 systems["downstream"] = downstream
@@ -158,7 +158,7 @@ def main() -> None:
                             await systems[name](RUNS)
                             meter.detail(mark, RUNS)
                 finally:
-                    await poll.close()
+                    await ends.close()
                     await client.aclose()
                 return {"costs": costs}
 

@@ -43,6 +43,7 @@ from ledgerloop.runtime import Runtime
 from ledgerloop.services import relay_service
 from scripts.benchmarks.common import policy_file, run_in_worker, scripted, settings_for
 from scripts.benchmarks.effects import ticket_service
+from scripts.benchmarks.run_ends import run_ends
 from scripts.benchmarks.turn import _metered_cluster, _run_ledgerloop
 from scripts.benchmarks.turn_write import AGENTS, POLICY, SCRIPT, TICKET
 
@@ -121,14 +122,14 @@ def main() -> None:
             async def body(runtime: Runtime) -> dict[str, Any]:
                 current = ["warm-up"]
                 _time_checkpoints(current)
-                poll = await psycopg.AsyncConnection.connect(url, autocommit=True)
+                ends = await run_ends(url)
                 probe = await psycopg.AsyncConnection.connect(url, autocommit=True)
                 await probe.execute("CREATE TABLE bench_commit (id bigserial PRIMARY KEY)")
                 client = LeanClient(_untimed_transport())
 
                 async def run(kind: str) -> None:
                     agent = AGENTS[kind].name
-                    await _run_ledgerloop(runtime, poll, 1, agent=agent, tag=kind.upper())
+                    await _run_ledgerloop(runtime, ends, 1, agent=agent, tag=kind.upper())
 
                 async def post() -> None:
                     reply = await client.request(
@@ -175,7 +176,7 @@ def main() -> None:
                 finally:
                     await client.aclose()
                     await probe.close()
-                    await poll.close()
+                    await ends.close()
                 return {}
 
             run_in_worker(settings, url, body, services=[relay_service])

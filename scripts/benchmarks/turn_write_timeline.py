@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
 from ledgerloop.agent import steps, turn_tools, write_ahead, write_steps
 from ledgerloop.db import dbos_checkpoint, dbos_journal
 from ledgerloop.effects import relay
@@ -29,6 +27,7 @@ from ledgerloop.services import relay_service
 from scripts.benchmarks import turn_write
 from scripts.benchmarks.common import policy_file, run_in_worker, scripted, settings_for
 from scripts.benchmarks.effects import ticket_service
+from scripts.benchmarks.run_ends import run_ends
 from scripts.benchmarks.turn import _metered_cluster, _run_ledgerloop
 
 RUNS = int(os.environ.get("BENCH_TIMELINE_RUNS", "300"))
@@ -111,22 +110,22 @@ def main() -> None:
             )
 
             async def body(runtime: Runtime) -> dict[str, Any]:
-                poll = await psycopg.AsyncConnection.connect(url, autocommit=True)
+                ends = await run_ends(url)
                 lines: list[str] = []
                 try:
                     for kind in ("read", "write"):
                         agent = turn_write.AGENTS[kind].name
-                        await _run_ledgerloop(runtime, poll, 30, agent=agent, tag=kind.upper())
+                        await _run_ledgerloop(runtime, ends, 30, agent=agent, tag=kind.upper())
                         runs = []
                         for _ in range(RUNS):
                             _marks.clear()
                             _mark("start")
-                            await _run_ledgerloop(runtime, poll, 1, agent=agent, tag=kind.upper())
+                            await _run_ledgerloop(runtime, ends, 1, agent=agent, tag=kind.upper())
                             _mark("end")
                             runs.append(list(_marks))
                         lines += [f"\n{kind}-tool run:", *_timeline(runs)]
                 finally:
-                    await poll.close()
+                    await ends.close()
                 return {"lines": lines}
 
             result = run_in_worker(settings, url, body, services=[relay_service])
