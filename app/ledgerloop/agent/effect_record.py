@@ -19,10 +19,10 @@ hot path of a write turn. A write a relay elsewhere delivers keeps the transacti
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -145,6 +145,32 @@ async def record_claimed_write(
 Sent = tuple[Outcome, asyncio.Future[bool]] | None
 
 
+class Sending:
+    """The relay's `send_now` of a write recorded ahead, started on the relay's loop by the
+    thread that committed the write (`start`, through `call_soon_threadsafe`).
+
+    The step that takes the write awaits the task itself, on that loop: a thread-safe
+    future would cost a wake of the loop and two more rounds of its callbacks between the
+    downstream's answer and the step (0.2-0.5 ms of a write turn, `turn_write_timeline`).
+    The loop runs `start` before it resumes the workflow whose checkpoint committed the
+    write (one thread's `call_soon_threadsafe` callbacks run in the order they were made,
+    and the checkpoint's own completion is one made after), so `task` is there by then."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[Sent] | None = None
+
+    def start(self, send: Coroutine[Any, Any, Sent]) -> None:
+        self.task = asyncio.get_running_loop().create_task(send)
+
+    async def result(self) -> Sent:
+        while self.task is None:  # the loop has not started it yet (see above: not seen)
+            await asyncio.sleep(0)
+        if self.task.done():  # mostly: the POST ran while DBOS changed steps
+            return self.task.result()
+        # Shielded: a step cancelled meanwhile leaves the delivery to end and be recorded.
+        return await asyncio.shield(self.task)
+
+
 @dataclass(frozen=True)
 class Prerecorded:
     """A write committed with the checkpoint of the think step whose answer asked for it,
@@ -161,7 +187,7 @@ class Prerecorded:
     #: Seconds from the commit until the row's lease runs out (the reconciler's then).
     lease_s: float
     #: The relay's `send_now` of it, started at the commit.
-    sending: concurrent.futures.Future[Sent]
+    sending: Sending
     #: The policy version its request was hashed under (the step sending it checks it is
     #: still this one rather than hashing the request again).
     policy_version: str

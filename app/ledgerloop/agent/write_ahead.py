@@ -43,6 +43,7 @@ from ledgerloop.agent.definition import Agent, get_agent
 from ledgerloop.agent.effect_record import (
     RECORD_CLAIMED,
     Prerecorded,
+    Sending,
     claimed_record_params,
     hand_over,
 )
@@ -228,9 +229,12 @@ class _Record:
         # the next, which takes the send under way (`Prerecorded.sending`).
         deliverer, loop = self.sender
         claimed = Claimed.at_insert(effect, claim, self.request, self.replan_step)
+        sending = Sending()
+        send = deliverer.send_now(claimed)
         try:
-            sending = asyncio.run_coroutine_threadsafe(deliverer.send_now(claimed), loop)
+            loop.call_soon_threadsafe(sending.start, send)
         except RuntimeError:  # the loop is closed: the worker stops; the lease settles it
+            send.close()
             log.warning("the write %s was not sent: the worker stops", effect.key)
             return
         hand_over(

@@ -17,7 +17,6 @@ is approved by a principal for exactly that hash: what runs is exactly what was 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import time
@@ -237,7 +236,7 @@ async def _record_effect(
             # record moves the run back as that commit foresaw; a step that expects otherwise
             # waits for the record and moves it itself.
             recorded, confirm = await _take_delivery(
-                _sent(ahead.sending),
+                ahead.sending.result(),
                 _with_compensable(ahead.effect, tool),
                 defer=defer,
                 carries=ahead.replan_step == replan_step,
@@ -380,13 +379,6 @@ async def _record_here(
                 )
             }
         return await _settled_meanwhile(key, recorded, watch, born_awaited=born_awaited), confirm
-
-
-async def _sent(sending: concurrent.futures.Future[Sent]) -> Sent:
-    # Mostly done by now (the POST ran while DBOS changed steps): no trip through the loop.
-    if sending.done():
-        return sending.result()
-    return await asyncio.wrap_future(sending)
 
 
 async def _take_delivery(
