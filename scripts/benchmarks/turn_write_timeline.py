@@ -2,11 +2,13 @@
 
 The `turn_write` jobs, one run at a time, with a mark at the start and end of each part of
 the turn (DBOS's journal check and checkpoint, the model call, the checkpoint that carries a
-write recorded ahead, the relay's POST and its outcome's record, the write step's own work).
-For each kind it prints the usual order of the marks and, for each mark, the median time
-from the run's start and from the mark before it. A diagnostic, not a ratio: the marks
-wrap functions of the running code, so they cost a little time themselves and the figures
-are for comparing the parts, not for the turn's total. BENCH_TIMELINE_RUNS (300).
+write recorded ahead, the relay's send, its attempt and the transport's exchange, the
+outcome's record, the write step's own work). For each kind it prints the usual order of
+the marks and, for each mark, the median time from the run's start and from the mark before
+it; then the median of a few spans over every run that has them (the usual order is only
+some of the runs). A diagnostic, not a ratio: the marks wrap functions of the running
+code, so they cost a little time themselves and the figures are for comparing the parts,
+not for the turn's total. BENCH_TIMELINE_RUNS (300).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from ledgerloop.agent import steps, turn_tools, write_ahead, write_steps
 from ledgerloop.db import dbos_checkpoint, dbos_journal
 from ledgerloop.effects import relay
+from ledgerloop.effects.transport import LeanTransport
 from ledgerloop.runtime import Runtime
 from ledgerloop.services import relay_service
 from scripts.benchmarks import turn_write
@@ -76,12 +79,49 @@ def _instrument() -> None:
     _timed_async(turn_tools, "think_after_tools", "think-after-writes")
     _timed_async(write_steps, "_record_effect", "write-step")
     _timed_async(relay.Relay, "_attempt", "post")
+    _timed_async(relay.Relay, "send_now", "send")
+    _timed_async(LeanTransport, "handle_async_request", "exchange")
     _timed_async(relay, "outbox_record", "outcome-record")
     _timed_factory(dbos_journal, "journal_check", "journal-check")
     _timed_factory(dbos_checkpoint, "checkpoint", "checkpoint")
     dbos_checkpoint._with_rider = _timed(dbos_checkpoint._with_rider, "with-record")
     committed = write_ahead._Record.committed
     write_ahead._Record.committed = _timed(committed, "committed")  # type: ignore[method-assign]
+
+
+#: Spans measured in every run that has both marks, whatever the order of the rest: from
+#: the last `start` mark to the first `end` mark after it.
+SPANS = (
+    ("checkpoint<", "journal-check>"),
+    ("with-record>", "with-record<"),
+    ("committed<", "send>"),
+    ("send>", "exchange>"),
+    ("exchange>", "exchange<"),
+    ("exchange<", "send<"),
+    ("send<", "write-step<"),
+    ("write-step>", "write-step<"),
+    ("outcome-record>", "outcome-record<"),
+)
+
+
+def _spans(runs: list[list[tuple[int, str]]]) -> list[str]:
+    lines = ["  spans in every run that has them (median, first quartile, ms):"]
+    for start, end in SPANS:
+        took = []
+        for run in runs:
+            began = [t for t, label in run if label == start]
+            if not began:
+                continue
+            ended = [t for t, label in run if label == end and t >= began[-1]]
+            if ended:
+                took.append((ended[0] - began[-1]) / 1e6)
+        if took:
+            took.sort()
+            lines.append(
+                f"    {start:>16} .. {end:<16} {statistics.median(took):6.2f} "
+                f"{took[len(took) // 4]:6.2f}  ({len(took)} runs)"
+            )
+    return lines
 
 
 def _timeline(runs: list[list[tuple[int, str]]]) -> list[str]:
@@ -123,7 +163,7 @@ def main() -> None:
                             await _run_ledgerloop(runtime, ends, 1, agent=agent, tag=kind.upper())
                             _mark("end")
                             runs.append(list(_marks))
-                        lines += [f"\n{kind}-tool run:", *_timeline(runs)]
+                        lines += [f"\n{kind}-tool run:", *_timeline(runs), *_spans(runs)]
                 finally:
                     await ends.close()
                 return {"lines": lines}
