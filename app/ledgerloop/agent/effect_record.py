@@ -167,8 +167,11 @@ class Sending:
             await asyncio.sleep(0)
         if self.task.done():  # mostly: the POST ran while DBOS changed steps
             return self.task.result()
-        # Shielded: a step cancelled meanwhile leaves the delivery to end and be recorded.
-        return await asyncio.shield(self.task)
+        # Not shielded: a shield's extra round of callbacks would let the relay's recorder
+        # (woken as the send ends) run before this step. A step cancelled meanwhile cancels
+        # the send, as a cancelled thread-safe future did: its effect stays claimed and
+        # settles after its lease.
+        return await self.task
 
 
 @dataclass(frozen=True)
