@@ -21,7 +21,9 @@ from typing import Any, Protocol
 
 import psycopg
 
-FINAL = ("succeeded", "failed", "cancelled")
+from ledgerloop.runs.states import TERMINAL
+
+FINAL = tuple(sorted(status.value for status in TERMINAL))
 CHANNEL = "bench_run_ended"
 
 _TRIGGER = f"""
@@ -63,17 +65,28 @@ class Notified:
         return cls(conn)
 
     async def _read(self) -> None:
-        async for note in self._conn.notifies():
-            run_id, status = note.payload.split(" ", 1)
-            waiting = self._waiting.pop(run_id, None)
-            if waiting is None:
-                self._ended[run_id] = status
-            elif not waiting.done():
-                waiting.set_result(status)
+        try:
+            async for note in self._conn.notifies():
+                run_id, status = note.payload.split(" ", 1)
+                waiting = self._waiting.pop(run_id, None)
+                if waiting is None:
+                    self._ended[run_id] = status
+                elif not waiting.done():
+                    waiting.set_result(status)
+        except psycopg.Error as exc:
+            # No run's end can be told any more: the waiting runs fail now, not never.
+            for waiting in self._waiting.values():
+                if not waiting.done():
+                    waiting.set_exception(
+                        RuntimeError(f"the bench's listening connection failed: {exc}")
+                    )
+            raise
 
     async def wait(self, run_id: str) -> str:
         if run_id in self._ended:
             return self._ended.pop(run_id)
+        if self._reader.done():
+            raise RuntimeError("the bench's listening connection is gone; run the bench again")
         waiting = asyncio.get_running_loop().create_future()
         self._waiting[run_id] = waiting
         return await waiting
