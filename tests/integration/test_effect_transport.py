@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
+from ledgerloop.effects.delivery import Verdict, prepare_send, send, send_prepared
+from ledgerloop.effects.messages import DeliveryRequest
 from ledgerloop.effects.transport import LeanClient, LeanTransport
 from ledgerloop.version import __version__
 
@@ -231,5 +233,145 @@ def test_the_lean_client_sends_the_callers_headers_over_its_own_defaults() -> No
             assert agents == ["tickets-bridge/2"]
             assert not any(name == "cookie" for request in sent for name, _ in request)
             assert server.requests[1].endswith(b'{"a":2}')
+
+    asyncio.run(go())
+
+
+def test_a_prepared_request_goes_out_only_when_fired() -> None:
+    """`prepare` takes a connection and serializes the request; nothing reaches the server
+    until `fire`, which then reads the answer over that connection."""
+
+    async def go() -> None:
+        async with Server(ok(), ok()) as server:
+            client = LeanClient(LeanTransport())
+            timeout = httpx.Timeout(2.0)
+            prepared = await client.prepare(
+                "POST",
+                server.url + "/t",
+                headers={"Idempotency-Key": "k"},
+                json={"a": 1},
+                timeout=timeout,
+            )
+            await asyncio.sleep(0.05)
+            assert server.connections == 1
+            assert server.requests == []
+            response = await client.fire(prepared)
+            assert (response.status_code, response.json()) == (201, {"id": "T-1"})
+            assert server.requests[0].startswith(b"POST /t HTTP/1.1\r\n")
+            with pytest.raises(RuntimeError, match="sent or abandoned"):
+                await client.fire(prepared)
+            # The connection went back to the idle ones: the next request reuses it.
+            again = await client.request(
+                "POST", server.url + "/t", headers={}, json={}, timeout=timeout
+            )
+            assert again.status_code == 201
+            assert server.connections == 1
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def test_an_abandoned_request_sends_nothing_and_gives_its_slot_back() -> None:
+    async def go() -> None:
+        async with Server(ok()) as server:
+            # One slot: a request after the abandoned one gets it only if it was given back.
+            client = LeanClient(LeanTransport(max_connections=1))
+            timeout = httpx.Timeout(1.0, pool=0.5)
+            prepared = await client.prepare(
+                "POST", server.url + "/t", headers={}, json={"a": 1}, timeout=timeout
+            )
+            client.abandon(prepared)
+            client.abandon(prepared)  # once is enough; again does nothing
+            response = await client.request(
+                "POST", server.url + "/t", headers={}, json={"b": 2}, timeout=timeout
+            )
+            assert response.status_code == 201
+            # The abandoned connection was closed (its protocol state said a request went
+            # out); the request came on a new one, and only it reached the server.
+            assert server.connections == 2
+            assert len(server.requests) == 1
+            assert server.requests[0].endswith(b'{"b":2}')
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_prepared_request_whose_connection_closed_meanwhile_goes_on_another() -> None:
+    """The server hangs up the connection a request was prepared on before it is fired:
+    nothing was sent on it, so the request goes out on a new connection, not into an
+    ambiguous 'no answer'."""
+    release = asyncio.Event()
+
+    async def answer_then_hang_up(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        await release.wait()
+        return False
+
+    async def go() -> None:
+        async with Server(answer_then_hang_up, ok()) as server:
+            client = LeanClient(LeanTransport())
+            timeout = httpx.Timeout(2.0)
+            first = await client.request(
+                "POST", server.url + "/t", headers={}, json={}, timeout=timeout
+            )
+            assert first.status_code == 201
+            prepared = await client.prepare(
+                "POST", server.url + "/t", headers={}, json={"n": 2}, timeout=timeout
+            )
+            release.set()
+            await server.hung_up.wait()
+            second = await client.fire(prepared)
+            assert (second.status_code, second.json()) == (201, {"id": "T-1"})
+            assert server.connections == 2
+            assert server.requests[1].endswith(b'{"n":2}')
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def test_closing_the_transport_gives_back_what_was_prepared() -> None:
+    async def go() -> None:
+        async with Server(ok()) as server:
+            transport = LeanTransport(max_connections=1)
+            client = LeanClient(transport)
+            prepared = await client.prepare(
+                "POST", server.url + "/t", headers={}, json={}, timeout=httpx.Timeout(1.0)
+            )
+            await client.aclose()
+            with pytest.raises(RuntimeError, match="sent or abandoned"):
+                await client.fire(prepared)
+            assert server.requests == []
+
+    asyncio.run(go())
+
+
+def test_a_delivery_prepared_ahead_is_sent_and_classified_as_any_other() -> None:
+    request = DeliveryRequest(path="/t", body={"a": 1}, timeout_ms=2000)
+
+    async def go() -> None:
+        async with Server(ok()) as server:
+            lean = LeanClient(LeanTransport())
+            prepared = await prepare_send(lean, server.url, "run:call", request, {"x-trace": "1"})
+            assert prepared is not None
+            assert server.requests == []
+            delivery = await send_prepared(prepared)
+            assert delivery.verdict is Verdict.SUCCEEDED
+            assert delivery.external_reference == "T-1"
+            sent = dict(_headers(server.requests[0]))
+            assert sent["idempotency-key"] == "run:call"
+            assert sent["x-trace"] == "1"
+            # An httpx client cannot split a call: it is made whole by `send`.
+            async with httpx.AsyncClient() as plain:
+                assert await prepare_send(plain, server.url, "k", request) is None
+            url = server.url
+            await lean.aclose()
+        # Nothing listening: not prepared, and `send` meets (and classifies) the trouble.
+        lean = LeanClient(LeanTransport())
+        assert await prepare_send(lean, url, "k", request) is None
+        assert (await send(lean, url, "k", request)).verdict is Verdict.RETRY
+        await lean.aclose()
 
     asyncio.run(go())
