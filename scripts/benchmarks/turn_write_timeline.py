@@ -2,8 +2,7 @@
 
 The `turn_write` jobs, one run at a time, with a mark at the start and end of each part of
 the turn (DBOS's journal check and checkpoint, the model call, the checkpoint that carries a
-write recorded ahead, the relay's preparation of its delivery while that commits, its send,
-its attempt and the transport's exchange (from the prepared request's first byte), the
+write recorded ahead, the relay's send, its attempt and the transport's exchange, the
 outcome's record, the write step's own work). For each kind it prints the usual order of
 the marks and, for each mark, the median time from the run's start and from the mark before
 it; then the median of a few spans over every run that has them (the usual order is only
@@ -81,7 +80,6 @@ def _instrument() -> None:
     _timed_async(write_steps, "_record_effect", "write-step")
     _timed_async(relay.Relay, "_attempt", "post")
     _timed_async(relay.Relay, "send_now", "send")
-    _timed_async(relay.Relay, "prepare", "prepare")
     _timed_async(LeanTransport, "fire", "exchange")
     _timed_async(relay, "outbox_record", "outcome-record")
     _timed_factory(dbos_journal, "journal_check", "journal-check")
@@ -96,7 +94,6 @@ def _instrument() -> None:
 SPANS = (
     ("checkpoint<", "journal-check>"),
     ("with-record>", "with-record<"),
-    ("prepare>", "prepare<"),
     ("committed<", "send>"),
     ("send>", "exchange>"),
     ("exchange>", "exchange<"),

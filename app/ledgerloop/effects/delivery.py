@@ -202,7 +202,7 @@ async def prepare_send(
     url = delivery_url(base_url, request)
     try:
         exchange = await client.prepare(request.method, url, **_call(key, request, trace_headers))
-    except (httpx.HTTPError, TimeoutError, OSError, RuntimeError):  # RuntimeError: closed
+    except (httpx.HTTPError, TimeoutError, OSError):
         return None
     return PreparedSend(client, exchange, f"{request.method} {url}", request.timeout_s)
 
