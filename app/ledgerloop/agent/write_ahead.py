@@ -28,7 +28,6 @@ What does not change:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -49,7 +48,6 @@ from ledgerloop.agent.effect_record import (
     hand_over,
 )
 from ledgerloop.db import dbos_checkpoint
-from ledgerloop.effects.delivery import Prepared
 from ledgerloop.effects.hashing import idempotency_key
 from ledgerloop.effects.ledger import Claim, Effect
 from ledgerloop.effects.outbox import Claimed, Deliverer
@@ -181,17 +179,6 @@ def _offer(run_id: str, agent_name: str, ride: Ride, result: dict[str, Any]) -> 
     dbos_checkpoint.ride(workflow_id, step_id, rider)
 
 
-#: A delivery prepared for a record that did not commit is given back after this.
-_UNSENT_S = 5.0
-
-
-def _abandon(task: asyncio.Task[Prepared | None]) -> None:
-    if not task.cancelled() and task.exception() is None:
-        prepared = task.result()
-        if prepared is not None:
-            prepared.abandon()
-
-
 def _is_write(agent: Agent, call: dict[str, Any]) -> bool:
     tool = agent.tool(str(call.get("name")))
     return tool is not None and tool.kind is ToolKind.WRITE
@@ -228,50 +215,11 @@ class _Record:
         self.sender = sender
         self.replan_step = replan_step
         self.policy_version = policy_version
-        #: The delivery built while the record commits (`before`), and whether a send took it.
-        self._preparing: asyncio.Task[Prepared | None] | None = None
-        self._taken = False
-
-    def before(self) -> None:
-        """The statement goes out: while it runs, the relay builds the delivery on its loop
-        (`Relay.prepare`, about 0.3 ms of the loop's time), so that the send only writes it
-        once the record has committed. The loop is free then: the workflow waits for this
-        checkpoint, and this thread holds no lock the loop needs while it waits."""
-        _, loop = self.sender
-        # A closed loop (the worker stops) sends nothing from here: nothing to prepare.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._prepare)
-
-    def _prepare(self) -> None:
-        deliverer, loop = self.sender
-        key = self.params["key"]
-        self._preparing = loop.create_task(
-            deliverer.prepare(key, self.params["destination"], self.request)
-        )
-        # Not sent after all (the record did not commit, or wrote nothing): given back.
-        loop.call_later(_UNSENT_S, self._abandon_unsent)
-
-    async def _prepared(self) -> Prepared | None:
-        # Runs on the loop after `_prepare`: both were asked of it by this thread, in order.
-        if self._preparing is None:
-            return None
-        try:
-            return await self._preparing
-        except Exception:
-            log.warning("the delivery of %s was not prepared", self.params["key"], exc_info=True)
-            return None
-
-    def _abandon_unsent(self) -> None:
-        task = self._preparing
-        if task is None or self._taken:
-            return
-        task.add_done_callback(_abandon)
 
     def committed(self, row: dict[str, Any]) -> None:
         if row["idempotency_key"] is None:
             # Nothing written (the run was not there, the key was taken): the next step
-            # records, or finds, the write itself and says why. A delivery prepared for it
-            # is given back after a while (`_abandon_unsent`).
+            # records, or finds, the write itself and says why.
             return
         effect = Effect.from_row(row)
         claim = Claim(row["outbox_id"], row["deadline_in_s"])
@@ -282,8 +230,7 @@ class _Record:
         deliverer, loop = self.sender
         claimed = Claimed.at_insert(effect, claim, self.request, self.replan_step)
         sending = Sending()
-        self._taken = True
-        send = deliverer.send_now(claimed, prepared=self._prepared())
+        send = deliverer.send_now(claimed)
         try:
             loop.call_soon_threadsafe(sending.start, send)
         except RuntimeError:  # the loop is closed: the worker stops; the lease settles it

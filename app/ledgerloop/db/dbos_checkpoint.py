@@ -68,10 +68,6 @@ class Rider(Protocol):
         columns None when it returned none). Not called when they did not commit."""
 
 
-#: A rider may also have `before()`: called on the checkpoint's thread just before the
-#: statement goes out, for work to overlap with the statement's round trip (it must not wait).
-
-
 #: The checkpoint's own parameters (a rider's must be named otherwise) and answer.
 CHECKPOINT_PARAMS = frozenset(
     {
@@ -204,9 +200,6 @@ def _with_rider(
     execution's). None when the rider failed: nothing committed, and the checkpoint is to
     be written alone (the rider is a shortcut; the step it serves does its work itself
     then)."""
-    before = getattr(rider, "before", None)
-    if before is not None:
-        before()
     try:
         row: dict[str, Any] | None = conn.execute(
             _with(rider.query), {**params, **rider.params}

@@ -27,8 +27,6 @@ from urllib.parse import quote
 import httpx
 
 from ledgerloop.effects.messages import DeliveryRequest
-from ledgerloop.effects.transport import LeanClient, PreparedExchange
-from ledgerloop.telemetry.effect_spans import PlannedDelivery
 
 #: Status codes that refuse a request before doing anything: the same request may succeed later.
 RETRYABLE_STATUS = frozenset({408, 429, 502, 503})
@@ -160,84 +158,21 @@ async def send(
     ``trace_headers`` (the delivery span's ``traceparent``) go with it."""
     url = delivery_url(base_url, request)
     where = f"{request.method} {url}"
+    headers = {**request.headers, **(trace_headers or {}), request.idempotency_header: key}
     try:
         # The overall bound as well as httpx's per-phase ones: a server dribbling a byte at a
         # time would otherwise keep the call (and the effect's lease) alive forever.
         async with asyncio.timeout(request.timeout_s):
             response = await client.request(
-                request.method, url, **_call(key, request, trace_headers)
+                request.method,
+                url,
+                headers=headers,
+                json=request.body,
+                timeout=_timeout(request.timeout_s),
             )
     except (httpx.HTTPError, TimeoutError, OSError) as exc:
         return classify_exception(exc, where)
     return classify_response(response, where)
-
-
-@dataclass(frozen=True)
-class PreparedSend:
-    """A call `send` would make, up to its first byte on the wire (`prepare_send`)."""
-
-    client: LeanClient
-    exchange: PreparedExchange
-    where: str
-    timeout_s: float
-
-    def abandon(self) -> None:
-        """Give its connection slot back unsent."""
-        self.client.abandon(self.exchange)
-
-
-async def prepare_send(
-    client: Requester,
-    base_url: str,
-    key: str,
-    request: DeliveryRequest,
-    trace_headers: dict[str, str] | None = None,
-) -> PreparedSend | None:
-    """What `send` does before the call goes out (the request built and serialized, a
-    connection taken), for `send_prepared` to finish. None when `client` cannot split a call
-    (an httpx client), or when the preparation failed: `send` then makes the call whole and
-    meets the same trouble there, classified as always."""
-    if not isinstance(client, LeanClient):
-        return None
-    url = delivery_url(base_url, request)
-    try:
-        exchange = await client.prepare(request.method, url, **_call(key, request, trace_headers))
-    except (httpx.HTTPError, TimeoutError, OSError):
-        return None
-    return PreparedSend(client, exchange, f"{request.method} {url}", request.timeout_s)
-
-
-async def send_prepared(prepared: PreparedSend) -> Delivery:
-    """`send`'s call from where `prepare_send` left it; never raises for transport trouble."""
-    try:
-        async with asyncio.timeout(prepared.timeout_s):
-            response = await prepared.client.fire(prepared.exchange)
-    except (httpx.HTTPError, TimeoutError, OSError) as exc:
-        return classify_exception(exc, prepared.where)
-    return classify_response(response, prepared.where)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A delivery built up to its first byte by `Relay.prepare`."""
-
-    #: The outbox row's request it was built from, and that request parsed.
-    source: dict[str, Any]
-    request: DeliveryRequest
-    planned: PlannedDelivery
-    send: PreparedSend
-
-    def abandon(self) -> None:
-        """Give its connection back unsent (after it was sent: nothing to give back)."""
-        self.send.abandon()
-
-
-def _call(
-    key: str, request: DeliveryRequest, trace_headers: dict[str, str] | None
-) -> dict[str, Any]:
-    """The call's keyword arguments: the key in the policy's header, the trace's headers."""
-    headers = {**request.headers, **(trace_headers or {}), request.idempotency_header: key}
-    return {"headers": headers, "json": request.body, "timeout": _timeout(request.timeout_s)}
 
 
 class Lookup(StrEnum):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,7 +21,6 @@ from psycopg_pool import AsyncConnectionPool
 
 from ledgerloop.db.errors import DatabaseUnreachable, translated
 from ledgerloop.db.url import validate_url
-from ledgerloop.effects.delivery import Prepared
 from ledgerloop.effects.ledger import Claim, Effect, Q
 from ledgerloop.effects.messages import EffectStatus, OutboxStatus
 
@@ -164,13 +162,7 @@ class Deliverer(Protocol):
 
     async def deliver_now(self, claimed: Claimed) -> Outcome | None: ...
 
-    async def send_now(
-        self, claimed: Claimed, *, prepared: Awaitable[Prepared | None] | None = None
-    ) -> tuple[Outcome, asyncio.Future[bool]] | None: ...
-
-    async def prepare(
-        self, key: str, destination: str, request: dict[str, Any]
-    ) -> Prepared | None: ...
+    async def send_now(self, claimed: Claimed) -> tuple[Outcome, asyncio.Future[bool]] | None: ...
 
     def records(self) -> AbstractAsyncContextManager[AConn]:
         """An autocommit connection on this loop for an act step's record of an effect this

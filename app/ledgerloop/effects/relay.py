@@ -26,9 +26,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
-from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -36,15 +35,7 @@ from psycopg_pool import AsyncConnectionPool
 from ledgerloop import faults
 from ledgerloop.db.errors import DatabaseUnreachable
 from ledgerloop.effects.attempts import RelayConfig, backoff_s, decide, failure, http_client
-from ledgerloop.effects.delivery import (
-    Prepared,
-    Requester,
-    Verdict,
-    delivery_url,
-    prepare_send,
-    send,
-    send_prepared,
-)
+from ledgerloop.effects.delivery import Requester, Verdict, delivery_url, send
 from ledgerloop.effects.errors import InvalidDeliveryRequest
 from ledgerloop.effects.ledger import COMPENSATION_SUFFIX
 from ledgerloop.effects.messages import DeliveryRequest, OutboxStatus
@@ -64,11 +55,7 @@ from ledgerloop.errors import LedgerloopError
 from ledgerloop.mcptools.calls import call_tool
 from ledgerloop.mcptools.client import McpConnections
 from ledgerloop.mcptools.spans import call_facts, merge_sdk_spans
-from ledgerloop.telemetry.effect_spans import (
-    delivery_span,
-    mcp_delivery_span,
-    plan_delivery,
-)
+from ledgerloop.telemetry.effect_spans import delivery_span, mcp_delivery_span
 from ledgerloop.tools.policy import McpServer
 
 log = logging.getLogger(__name__)
@@ -350,43 +337,19 @@ class Relay:
         outcome, recorded = sent
         return outcome if await recorded else None
 
-    async def prepare(self, key: str, destination: str, request: dict[str, Any]) -> Prepared | None:
-        """An HTTP delivery of the effect under `key` (its outbox row's `destination` and
-        `request`) built up to its first byte, for `send_now(..., prepared=)` to send once
-        the effect's record has committed: run while that commit is under way, it takes the
-        request's building out of the time between the commit and the call. None when there
-        is nothing to gain or it cannot be done (an MCP write, an unknown destination, an
-        httpx client, a connection that cannot be made now): the send then does it all, as
-        for any row. An unused preparation must be given back (`Prepared.abandon`)."""
-        try:
-            parsed = DeliveryRequest.from_json(request)
-        except InvalidDeliveryRequest:
-            return None
-        base_url = self.destinations.get(destination)
-        if parsed.mcp_tool is not None or base_url is None or self._client is None:
-            return None
-        planned = plan_delivery(parsed.traceparent)
-        if planned is None:
-            return None
-        prepared = await prepare_send(self._client, base_url, key, parsed, planned.headers)
-        return None if prepared is None else Prepared(request, parsed, planned, prepared)
-
-    async def send_now(
-        self, claimed: Claimed, *, prepared: Awaitable[Prepared | None] | None = None
-    ) -> tuple[Outcome, asyncio.Future[bool]] | None:
+    async def send_now(self, claimed: Claimed) -> tuple[Outcome, asyncio.Future[bool]] | None:
         """`deliver_now` without waiting for the record: the outcome as soon as the
         downstream has answered, and a future that says, once the outcome is recorded,
         whether this attempt still owned the effect (False: someone else settled it first,
         and the row says how). The caller may work with the outcome meanwhile, but must not
         make anything durable of it before the future says True. None: nothing was sent or
-        will be recorded (a bug in the attempt, the relay stopping). `prepared`: this
-        delivery's `prepare`, used if it matches and given back if not."""
+        will be recorded (a bug in the attempt, the relay stopping)."""
         self._inline += 1
         self._inline_done.clear()
         handed = False
         try:
             try:
-                outcome = await self._attempt(claimed, await prepared if prepared else None)
+                outcome = await self._attempt(claimed)
             except Exception:
                 log.exception("relay failed delivering %s", claimed.key)
                 return None
@@ -429,22 +392,9 @@ class Relay:
             return
         self._outcomes.put_nowait(outcome)
 
-    async def _attempt(self, claimed: Claimed, prepared: Prepared | None = None) -> Outcome:
+    async def _attempt(self, claimed: Claimed) -> Outcome:
         try:
-            return await self._attempt_http(claimed, prepared)
-        finally:
-            if prepared is not None:
-                prepared.abandon()  # unless it was sent: then this does nothing
-
-    async def _attempt_http(self, claimed: Claimed, prepared: Prepared | None) -> Outcome:
-        if prepared is not None and prepared.source != claimed.request:
-            prepared.abandon()  # prepared for another request: this row's is the one sent
-            prepared = None
-        try:
-            if prepared is not None:
-                request = prepared.request  # parsed from this very request
-            else:
-                request = DeliveryRequest.from_json(claimed.request)
+            request = DeliveryRequest.from_json(claimed.request)
         except InvalidDeliveryRequest as exc:
             return failure(claimed, exc.message, OutboxStatus.DEAD)
         if request.mcp_tool is not None:
@@ -468,14 +418,8 @@ class Relay:
             idempotency_key=claimed.key,
             attempt=claimed.effect_attempts,
             tool_traceparent=request.traceparent,
-            planned=prepared.planned if prepared is not None else None,
         ) as span:
-            if prepared is not None and span.headers == prepared.planned.headers:
-                delivery = await send_prepared(prepared.send)
-            else:
-                if prepared is not None:
-                    prepared.abandon()  # its headers are not this span's (another sampler)
-                delivery = await send(self._client, base_url, claimed.key, request, span.headers)
+            delivery = await send(self._client, base_url, claimed.key, request, span.headers)
             faults.hit("relay.after_send_before_record")
             outcome = decide(claimed, request, delivery, self.config)
             span.record(delivery.status_code, outcome.status.value, delivery.detail)

@@ -50,36 +50,15 @@ class _Connection:
         # An idle connection the server closed (or wrote to) must not carry a request: it would
         # turn a clean "nothing sent" into an ambiguous "no answer". Ask the socket itself, not
         # only the reader, which learns of the close only when the event loop gets to it.
-        return now - self.idle_since < expiry and _still_open(self)
+        return (
+            now - self.idle_since < expiry
+            and not self.writer.is_closing()
+            and not self.reader.at_eof()
+            and not _readable(self.writer.get_extra_info("socket"))
+        )
 
     def close(self) -> None:
         self.writer.close()
-
-
-@dataclass(eq=False)
-class PreparedExchange:
-    """A request serialized for a connection taken for it, not written yet
-    (`LeanTransport.prepare`)."""
-
-    request: httpx.Request
-    conn: _Connection
-    data: bytes
-
-
-def _serialize(conn: _Connection, request: httpx.Request, body: bytes) -> bytes:
-    """The request's bytes, as `conn`'s protocol state now expects them sent."""
-    protocol = conn.protocol
-    try:
-        data = protocol.send(
-            h11.Request(
-                method=request.method, target=request.url.raw_path, headers=request.headers.raw
-            )
-        )
-        if body:
-            data = (data or b"") + (protocol.send(h11.Data(data=body)) or b"")
-        return (data or b"") + (protocol.send(h11.EndOfMessage()) or b"")
-    except h11.LocalProtocolError as exc:
-        raise httpx.LocalProtocolError(str(exc), request=request) from exc
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
@@ -97,18 +76,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._max_body = max_body
         self._ssl = ssl_context
         self._closed = False
-        #: Requests prepared and not yet sent or abandoned (their connections are theirs).
-        self._prepared: set[PreparedExchange] = set()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.fire(await self.prepare(request))
-
-    async def prepare(self, request: httpx.Request) -> PreparedExchange:
-        """Everything of an exchange before its first byte goes out: a connection slot, a
-        connection (idle or new), the request serialized for it. `fire` then writes it and
-        reads the answer; `abandon` gives the slot back unsent. Raises what the exchange
-        would raise for a pool that stays full or a connection that cannot be made (nothing
-        sent either way)."""
         if self._closed:
             raise RuntimeError("the transport is closed")
         timeouts = request.extensions.get("timeout", {})
@@ -118,31 +87,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
         except TimeoutError as exc:
             raise httpx.PoolTimeout("no connection slot free in time", request=request) from exc
         try:
-            conn, data = await self._checkout(request, timeouts)
-        except BaseException:
-            self._slots.release()
-            raise
-        prepared = PreparedExchange(request, conn, data)
-        self._prepared.add(prepared)
-        return prepared
-
-    async def fire(self, prepared: PreparedExchange) -> httpx.Response:
-        """Write a prepared request and read its answer (once); the connection goes back to
-        the idle ones, or is closed, as after any exchange."""
-        if prepared not in self._prepared:
-            raise RuntimeError("this prepared request was sent or abandoned already")
-        self._prepared.discard(prepared)
-        request = prepared.request
-        timeouts = request.extensions.get("timeout", {})
-        try:
-            conn, data = prepared.conn, prepared.data
-            if not _still_open(conn):
-                # Closed by the server (or written to) while the request waited: nothing was
-                # sent on it, so another connection carries the request, as for a stale idle.
-                conn.close()
-                conn, data = await self._checkout(request, timeouts)
+            conn = self._take_idle(_origin(request.url))
+            if conn is None:
+                conn = await self._connect(request, timeouts.get("connect"))
             try:
-                response = await self._exchange(conn, request, data, timeouts)
+                response = await self._exchange(conn, request, timeouts)
             except BaseException:
                 conn.close()
                 raise
@@ -150,26 +99,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
             return response
         finally:
             self._slots.release()
-
-    def abandon(self, prepared: PreparedExchange) -> None:
-        """Give a prepared request's slot back unsent. Its connection is closed: its protocol
-        state says a request went out."""
-        if prepared in self._prepared:
-            self._prepared.discard(prepared)
-            prepared.conn.close()
-            self._slots.release()
-
-    async def _checkout(
-        self, request: httpx.Request, timeouts: dict[str, float | None]
-    ) -> tuple[_Connection, bytes]:
-        conn = self._take_idle(_origin(request.url))
-        if conn is None:
-            conn = await self._connect(request, timeouts.get("connect"))
-        try:
-            return conn, _serialize(conn, request, await request.aread())
-        except BaseException:
-            conn.close()
-            raise
 
     def _take_idle(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin)
@@ -209,12 +138,21 @@ class LeanTransport(httpx.AsyncBaseTransport):
         return _Connection(reader, writer)
 
     async def _exchange(
-        self,
-        conn: _Connection,
-        request: httpx.Request,
-        data: bytes,
-        timeouts: dict[str, float | None],
+        self, conn: _Connection, request: httpx.Request, timeouts: dict[str, float | None]
     ) -> httpx.Response:
+        protocol = conn.protocol
+        body = await request.aread()
+        try:
+            data = protocol.send(
+                h11.Request(
+                    method=request.method, target=request.url.raw_path, headers=request.headers.raw
+                )
+            )
+            if body:
+                data = (data or b"") + (protocol.send(h11.Data(data=body)) or b"")
+            data = (data or b"") + (protocol.send(h11.EndOfMessage()) or b"")
+        except h11.LocalProtocolError as exc:
+            raise httpx.LocalProtocolError(str(exc), request=request) from exc
         try:
             conn.writer.write(data)
             async with asyncio.timeout(timeouts.get("write")):
@@ -273,8 +211,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         self._closed = True
-        for prepared in list(self._prepared):
-            self.abandon(prepared)
         idle = [conn for conns in self._idle.values() for conn in conns]
         self._idle.clear()
         for conn in idle:
@@ -312,20 +248,6 @@ class LeanClient:
         json: object,
         timeout: httpx.Timeout,
     ) -> httpx.Response:
-        return await self.fire(
-            await self.prepare(method, url, headers=headers, json=json, timeout=timeout)
-        )
-
-    async def prepare(
-        self,
-        method: str,
-        url: str,
-        *,
-        headers: dict[str, str],
-        json: object,
-        timeout: httpx.Timeout,
-    ) -> PreparedExchange:
-        """`request` up to its first byte on the wire (`LeanTransport.prepare`)."""
         merged = httpx.Headers({"User-Agent": self.USER_AGENT, "Accept": "*/*"})
         merged.update(headers)  # a caller's `user-agent` replaces the default, not joins it
         request = httpx.Request(
@@ -335,28 +257,12 @@ class LeanClient:
             json=json,
             extensions={"timeout": timeout.as_dict()},
         )
-        return await self._transport.prepare(request)
-
-    async def fire(self, prepared: PreparedExchange) -> httpx.Response:
-        """The rest of `request`: a prepared request sent, its answer read whole."""
-        response = await self._transport.fire(prepared)
+        response = await self._transport.handle_async_request(request)
         await response.aread()
         return response
 
-    def abandon(self, prepared: PreparedExchange) -> None:
-        self._transport.abandon(prepared)
-
     async def aclose(self) -> None:
         await self._transport.aclose()
-
-
-def _still_open(conn: _Connection) -> bool:
-    """Whether nothing says `conn` can no longer carry a request (see `reusable`)."""
-    return (
-        not conn.writer.is_closing()
-        and not conn.reader.at_eof()
-        and not _readable(conn.writer.get_extra_info("socket"))
-    )
 
 
 def _readable(sock: socket.socket | None) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from opentelemetry import trace
@@ -23,7 +22,6 @@ from ledgerloop.telemetry.runtrace import (
     _start,
     new_span_id,
     parse_traceparent,
-    recording,
     root_span_id,
     traceparent,
 )
@@ -109,16 +107,9 @@ class McpDelivery:
         _record_outcome(self.span, effect_status, detail, answer)
 
 
-def _delivery_start(
-    tel: Telemetry,
-    name: str,
-    attrs: Attrs,
-    tool_traceparent: str | None,
-    span_id: int | None = None,
-) -> Span:
+def _delivery_start(tel: Telemetry, name: str, attrs: Attrs, tool_traceparent: str | None) -> Span:
     """A delivery attempt's CLIENT span, placed under the run's root and linked to the tool
-    span that recorded the effect (HTTP and MCP alike); `span_id`: its id, when planned
-    (`plan_delivery`)."""
+    span that recorded the effect (HTTP and MCP alike)."""
     parent, trace_id, links = _placement(tool_traceparent)
     if parent is None:  # an effect recorded without tracing: its own trace
         return tel.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attrs)
@@ -126,7 +117,7 @@ def _delivery_start(
         tel,
         name,
         trace_id=trace_id,
-        span_id=span_id or new_span_id(),
+        span_id=new_span_id(),
         parent=parent,
         kind=SpanKind.CLIENT,
         attributes=attrs,
@@ -161,10 +152,8 @@ def delivery_span(
     attempt: int,
     tool_traceparent: str | None,
     telemetry: Telemetry | None = None,
-    planned: PlannedDelivery | None = None,
 ) -> Iterator[Delivery]:
-    """``{METHOD}`` (CLIENT) around one delivery attempt to a destination; `planned`: the
-    ids `plan_delivery` gave it before it started."""
+    """``{METHOD}`` (CLIENT) around one delivery attempt to a destination."""
     parts = urlsplit(url)
     attrs: Attrs = {
         sc.HTTP_REQUEST_METHOD: method.upper(),
@@ -175,37 +164,9 @@ def delivery_span(
     if parts.hostname:
         attrs[sc.SERVER_ADDRESS] = parts.hostname
         attrs[sc.SERVER_PORT] = parts.port or (443 if parts.scheme == "https" else 80)
-    span_id = planned.span_id if planned is not None else None
-    tel = telemetry or get_telemetry()
-    span = _delivery_start(tel, method.upper(), attrs, tool_traceparent, span_id)
+    span = _delivery_start(telemetry or get_telemetry(), method.upper(), attrs, tool_traceparent)
     with _ending(span):
         yield Delivery(span)
-
-
-@dataclass(frozen=True)
-class PlannedDelivery:
-    """The ids of a delivery span not started yet, and the headers that will carry it."""
-
-    span_id: int
-    headers: dict[str, str]
-
-
-def plan_delivery(
-    tool_traceparent: str | None, telemetry: Telemetry | None = None
-) -> PlannedDelivery | None:
-    """The identity `delivery_span(..., planned=)` will start with, so that the request can
-    be built before the span starts (agent.write_ahead: while the effect's record commits).
-    None when it cannot be planned: an effect recorded without tracing gets a trace of its
-    own, which the SDK decides as the span starts."""
-    parent, trace_id, _ = _placement(tool_traceparent)
-    if parent is None:
-        return None
-    span_id = new_span_id()
-    if not recording(telemetry or get_telemetry()):
-        # The API's tracer starts no span: what it hands back carries its parent's context.
-        return PlannedDelivery(span_id, {"traceparent": traceparent(parent)})
-    ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=parent.trace_flags)
-    return PlannedDelivery(span_id, {"traceparent": traceparent(ctx)})
 
 
 @contextmanager
