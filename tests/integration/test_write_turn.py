@@ -193,6 +193,12 @@ default:
     assert sent_second is not None
     assert tools[second].start_time is not None
     assert sent_second > tools[second].start_time
+    # Each request the service received carries its own POST span's context.
+    received = httpx.get(f"{tickets.url}/_traceparents").json()
+    assert sorted(received) == sorted(
+        f"00-{p.context.trace_id:032x}-{p.context.span_id:016x}-{int(p.context.trace_flags):02x}"
+        for p in posts
+    )
     # Both outcomes came back to think-1 from this worker's own delivery: no workflow
     # waited, so no DBOS message was sent for either (migration 0021).
     assert messages_for(conn, run_id) == []
