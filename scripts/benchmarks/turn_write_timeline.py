@@ -8,11 +8,14 @@ the marks and, for each mark, the median time from the run's start and from the 
 it; then the median of a few spans over every run that has them (the usual order is only
 some of the runs). A diagnostic, not a ratio: the marks wrap functions of the running
 code, so they cost a little time themselves and the figures are for comparing the parts,
-not for the turn's total. BENCH_TIMELINE_RUNS (300).
+not for the turn's total. BENCH_TIMELINE_RUNS (300); BENCH_TIMELINE_PAUSE_MS (0): a pause
+before each run, so that the last one's tail (its checkpoint after the answer's save) is
+over before the next one starts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
 import os
@@ -34,6 +37,7 @@ from scripts.benchmarks.run_ends import run_ends
 from scripts.benchmarks.turn import _metered_cluster, _run_ledgerloop
 
 RUNS = int(os.environ.get("BENCH_TIMELINE_RUNS", "300"))
+PAUSE_S = int(os.environ.get("BENCH_TIMELINE_PAUSE_MS", "0")) / 1000
 
 _marks: list[tuple[int, str]] = []
 
@@ -158,6 +162,8 @@ def main() -> None:
                         await _run_ledgerloop(runtime, ends, 30, agent=agent, tag=kind.upper())
                         runs = []
                         for _ in range(RUNS):
+                            if PAUSE_S:
+                                await asyncio.sleep(PAUSE_S)
                             _marks.clear()
                             _mark("start")
                             await _run_ledgerloop(runtime, ends, 1, agent=agent, tag=kind.upper())
