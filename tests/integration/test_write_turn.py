@@ -18,6 +18,7 @@ from ledgerloop.effects.ledger import effect_list
 from ledgerloop.effects.testing import messages_for
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
+from ledgerloop.telemetry.runtrace import traceparent
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.processes import REPO, start_relay, stop_worker, worker_env
 from tests.conftest import journal_steps, start_test_run, wait_terminal
@@ -195,10 +196,7 @@ default:
     assert sent_second > tools[second].start_time
     # Each request the service received carries its own POST span's context.
     received = httpx.get(f"{tickets.url}/_traceparents").json()
-    assert sorted(received) == sorted(
-        f"00-{p.context.trace_id:032x}-{p.context.span_id:016x}-{int(p.context.trace_flags):02x}"
-        for p in posts
-    )
+    assert sorted(received) == sorted(traceparent(p.context) for p in posts)
     # Both outcomes came back to think-1 from this worker's own delivery: no workflow
     # waited, so no DBOS message was sent for either (migration 0021).
     assert messages_for(conn, run_id) == []
