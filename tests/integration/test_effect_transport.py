@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 
+from ledgerloop.effects.delivery import Delivery, Verdict, send
+from ledgerloop.effects.messages import DeliveryRequest
+from ledgerloop.effects.transport import Answer as Answered
 from ledgerloop.effects.transport import LeanClient, LeanTransport
 from ledgerloop.version import __version__
 
@@ -196,40 +200,150 @@ def _headers(request: bytes) -> list[tuple[str, str]]:
     return [(name.strip().lower(), value.strip()) for name, value in pairs]
 
 
+async def lean_post(
+    url: str,
+    headers: dict[str, str] | None = None,
+    body: object = None,
+    timeout: float = 2.0,
+    path: str = "/t",
+) -> Answered | httpx.Response:
+    client = LeanClient(LeanTransport())
+    try:
+        return await client.request(
+            "POST",
+            url + path,
+            headers=headers or {},
+            json={"a": 1} if body is None else body,
+            timeout=httpx.Timeout(timeout),
+        )
+    finally:
+        await client.aclose()
+
+
 def test_the_lean_client_sends_the_callers_headers_over_its_own_defaults() -> None:
     packed = gzip.compress(b'{"id":"T-3"}')
 
     async def go() -> None:
         async with Server(ok(), ok(packed, b"Content-Encoding: gzip\r\n")) as server:
-            client = LeanClient(LeanTransport())
-            try:
-                first = await client.request(
-                    "POST",
-                    server.url + "/t",
-                    headers={"Idempotency-Key": "k1"},
-                    json={"a": 1},
-                    timeout=httpx.Timeout(2.0),
-                )
-                second = await client.request(
-                    "POST",
-                    server.url + "/t",
-                    headers={"user-agent": "tickets-bridge/2", "Idempotency-Key": "k2"},
-                    json={"a": 2},
-                    timeout=httpx.Timeout(2.0),
-                )
-            finally:
-                await client.aclose()
-            assert (first.status_code, first.json()) == (201, {"id": "T-1"})
-            assert second.json() == {"id": "T-3"}  # decoded as httpx's client would
+            first = await lean_post(server.url, {"Idempotency-Key": "k1"})
+            second = await lean_post(
+                server.url,
+                {"user-agent": "tickets-bridge/2", "Idempotency-Key": "k2"},
+                {"a": 2, "text": "größe"},
+            )
+            assert isinstance(first, Answered)
+            assert (first.status_code, json.loads(first.content)) == (201, {"id": "T-1"})
+            assert first.headers["content-type"] == "application/json"
+            # A content-encoded answer is decoded as httpx's client would decode it.
+            assert isinstance(second, httpx.Response)
+            assert second.json() == {"id": "T-3"}
             sent = [_headers(request) for request in server.requests]
             assert ("user-agent", f"ledgerloop/{__version__}") in sent[0]
             assert ("idempotency-key", "k1") in sent[0]
             assert ("content-type", "application/json") in sent[0]
             assert ("accept", "*/*") in sent[0]
+            assert ("host", server.url.removeprefix("http://")) in sent[0]
             # A caller's own User-Agent replaces the default, whatever its case: one header.
             agents = [value for name, value in sent[1] if name == "user-agent"]
             assert agents == ["tickets-bridge/2"]
             assert not any(name == "cookie" for request in sent for name, _ in request)
-            assert server.requests[1].endswith(b'{"a":2}')
+            # The body as httpx's client encodes JSON: compact, UTF-8, not escaped.
+            expected = httpx.Request("POST", server.url, json={"a": 2, "text": "größe"})
+            assert server.requests[1].endswith(expected.read())
+            assert ("content-length", str(len(expected.read()))) in sent[1]
 
     asyncio.run(go())
+
+
+def test_the_lean_client_sends_what_an_httpx_request_would() -> None:
+    """Header for header (names, values, order) what the relay sent when it built an
+    httpx.Request for each delivery, so a destination sees no change."""
+
+    async def go() -> None:
+        caller = {"Idempotency-Key": "k1", "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+        async with Server(ok()) as server:
+            await lean_post(server.url, caller, path="/v1/t?x=1")
+            merged = httpx.Headers({"User-Agent": LeanClient.USER_AGENT, "Accept": "*/*"})
+            merged.update(caller)
+            before = httpx.Request("POST", server.url + "/v1/t?x=1", headers=merged, json={"a": 1})
+            head = server.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")
+            assert head[0] == b"POST /v1/t?x=1 HTTP/1.1"
+            lines = [line.split(b": ", 1) for line in head[1:]]
+            assert sorted((n.lower(), v) for n, v in lines) == sorted(
+                (n.lower(), v) for n, v in before.headers.raw
+            )
+            assert lines[0] == [b"Host", before.headers["host"].encode()]
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"X-Note": "größe"}, {"X-Note": "a\r\nX-Injected: 1"}, {"Bad Name": "v"}],
+    ids=["not-ascii", "line-break", "bad-name"],
+)
+def test_a_header_that_cannot_be_sent_fails_before_anything_is_sent(
+    headers: dict[str, str],
+) -> None:
+    async def go() -> None:
+        async with Server(ok()) as server:
+            with pytest.raises(httpx.LocalProtocolError):
+                await lean_post(server.url, headers)
+            assert server.requests == []
+
+    asyncio.run(go())
+
+
+def test_a_body_that_is_not_json_fails_before_anything_is_sent() -> None:
+    async def go() -> None:
+        async with Server(ok()) as server:
+            with pytest.raises(httpx.LocalProtocolError, match="not JSON"):
+                await lean_post(server.url, body={"amount": float("nan")})
+            assert server.requests == []
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (
+            raw(b"HTTP/1.1 201 Created\r\nContent-Length: 50\r\n\r\n{", keep_open=False),
+            httpx.RemoteProtocolError,
+        ),
+        (raw(b"", keep_open=False), httpx.RemoteProtocolError),
+        (raw(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}", delay=1.0), httpx.ReadTimeout),
+        (raw(b"NOT HTTP AT ALL\r\n\r\n", keep_open=False), httpx.RemoteProtocolError),
+    ],
+)
+def test_the_lean_clients_unanswered_requests_raise_what_proves_it(
+    answer: Answer, error: type[Exception]
+) -> None:
+    async def go() -> None:
+        async with Server(answer) as server:
+            with pytest.raises(error):
+                await lean_post(server.url, timeout=0.2)
+
+    asyncio.run(go())
+
+
+def test_a_refusal_and_its_retry_after_reach_the_relays_verdict() -> None:
+    busy = raw(
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 7\r\nContent-Length: 4\r\n\r\nbusy"
+    )
+
+    async def go() -> Delivery:
+        async with Server(busy) as server:
+            client = LeanClient(LeanTransport())
+            try:
+                request = DeliveryRequest(path="/t", body={"a": 1})
+                return await send(client, server.url, "k1", request)
+            finally:
+                await client.aclose()
+
+    delivery = asyncio.run(go())
+    assert (delivery.verdict, delivery.status_code, delivery.retry_after_s) == (
+        Verdict.RETRY,
+        503,
+        7.0,
+    )

@@ -36,6 +36,22 @@ EXCERPT = 200
 MAX_CONNECT_S = 2.0
 
 
+class Headers(Protocol):
+    def get(self, key: str, default: None = None) -> str | None: ...
+
+
+class Answered(Protocol):
+    """What `send` reads of an answer: an `httpx.Response`, or the lean client's
+    (effects.transport.Answer)."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Headers: ...
+    @property
+    def content(self) -> bytes: ...
+
+
 class Requester(Protocol):
     """What `send` calls: an `httpx.AsyncClient`, or the relay's lean client
     (effects.transport.LeanClient)."""
@@ -48,7 +64,7 @@ class Requester(Protocol):
         headers: dict[str, str],
         json: Any,
         timeout: httpx.Timeout,
-    ) -> httpx.Response: ...
+    ) -> Answered: ...
 
     async def aclose(self) -> None: ...
 
@@ -75,7 +91,7 @@ def _excerpt(content: bytes) -> str:
     return text + ("…" if len(content) > EXCERPT else "")
 
 
-def _retry_after(headers: httpx.Headers) -> float | None:
+def _retry_after(headers: Headers) -> float | None:
     value = headers.get("retry-after")
     if value is None:
         return None
@@ -94,7 +110,7 @@ def reference_of(body: Any) -> str | None:
     return None
 
 
-def classify_response(response: httpx.Response, where: str) -> Delivery:
+def classify_response(response: Answered, where: str) -> Delivery:
     status = response.status_code
     content = response.content
     if 200 <= status < 300:
