@@ -84,7 +84,7 @@ def _instrument() -> None:
     _timed_async(write_steps, "_record_effect", "write-step")
     _timed_async(relay.Relay, "_attempt", "post")
     _timed_async(relay.Relay, "send_now", "send")
-    _timed_async(LeanTransport, "handle_async_request", "exchange")
+    _timed_async(LeanTransport, "exchange", "exchange")
     _timed_async(relay, "outbox_record", "outcome-record")
     _timed_factory(dbos_journal, "journal_check", "journal-check")
     _timed_factory(dbos_checkpoint, "checkpoint", "checkpoint")
