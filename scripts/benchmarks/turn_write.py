@@ -8,7 +8,12 @@ the answer. A turn costs its run less the answer-only run; the write turn's down
 is left out too. Target: a write-tool turn <= 1.5x a read-tool turn (also reported as the
 median of the same ratio taken within each round). Database work per run is read from
 Postgres as in `turn`. BENCH_TURN_WRITE_ROUNDS, BENCH_TURN_WRITE_RUNS, BENCH_TURN_WRITE_MODEL,
-BENCH_TURN_WRITE_DOWNSTREAM_MS (the ticket service's own time per ticket).
+BENCH_TURN_WRITE_DOWNSTREAM_MS (the ticket service's own time per ticket),
+BENCH_TURN_WRITE_DOWNSTREAM_CPU (Linux: the one CPU the ticket service may run on; unset, it
+runs wherever the kernel puts it, as in the issue's measurement). On a two-core machine the
+ticket service, woken by the relay's request, often preempts the worker's event loop on its
+own core for the whole of its work (docs/benchmarks.md); pinning it elsewhere shows what the
+turn costs when the downstream is not competing for the worker's core.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ MODEL = os.environ.get("BENCH_TURN_WRITE_MODEL", "thread")
 #: The ticket service's own time per ticket, in ms (0: as fast as it goes; a real downstream
 #: takes tens of milliseconds, which the relay's send may overlap with the step's ending).
 DOWNSTREAM_MS = int(os.environ.get("BENCH_TURN_WRITE_DOWNSTREAM_MS", "0"))
+DOWNSTREAM_CPU = os.environ.get("BENCH_TURN_WRITE_DOWNSTREAM_CPU")
 TICKET = {"title": "disk full on db-1", "body": "clean up /var/log", "priority": "normal"}
 
 SCRIPT = f"""
@@ -105,8 +111,16 @@ AGENTS = {
 }
 
 
+def _pin(pid: int, cpu: int) -> None:
+    """Every thread of process `pid` onto `cpu` (threads it starts later inherit it)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), {cpu})
+
+
 def main() -> None:
     proc, tickets_url = ticket_service()
+    if DOWNSTREAM_CPU is not None:
+        _pin(proc.pid, int(DOWNSTREAM_CPU))
     try:
         with (
             _metered_cluster() as url,
@@ -180,7 +194,8 @@ def _report(costs: dict[str, list[Cost]]) -> None:
     write_turn = ms["write"] - ms["answer"] - ms["downstream"]
     print(
         f"\nturn_write: one tool turn then the answer, {ROUNDS} rounds x {RUNS} runs "
-        f"(medians per run, {time.strftime('%Y-%m-%d')}; downstream takes {DOWNSTREAM_MS} ms)"
+        f"(medians per run, {time.strftime('%Y-%m-%d')}; downstream takes {DOWNSTREAM_MS} ms"
+        + (f", pinned to CPU {DOWNSTREAM_CPU})" if DOWNSTREAM_CPU is not None else ")")
     )
     print(f"  {'job':<34} {'ms/run':>8} {'stmts':>7} {'commits':>8} {'WAL KB':>8}")
     for name, rows in costs.items():
