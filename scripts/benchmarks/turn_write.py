@@ -4,8 +4,11 @@ Three one-run jobs with the same zero-latency scripted model: an answer only; on
 turn then the answer; one write-tool turn (its effect and outbox row in one commit, the
 relay's delivery to the ticket service in its own process, the outcome back to the run) then
 the answer. A turn costs its run less the answer-only run; the write turn's downstream time
-(the same POST to the same ticket service from a keep-alive client, timed in the same rounds)
-is left out too. Target: a write-tool turn <= 1.5x a read-tool turn (also reported as the
+(the same POST to the same ticket service through the relay's own keep-alive client, timed in
+the same rounds) is left out too. BENCH_TURN_WRITE_BASELINE_CLIENT=httpx times that POST
+through httpx's client instead, as this bench did before 2026-12-04: its own CPU (about 0.4
+ms more per POST than the relay's client) was then subtracted from the write turn as if it
+were the downstream's. Target: a write-tool turn <= 1.5x a read-tool turn (also reported as the
 median of the same ratio taken within each round). Database work per run is read from
 Postgres as in `turn`. BENCH_TURN_WRITE_ROUNDS, BENCH_TURN_WRITE_RUNS, BENCH_TURN_WRITE_MODEL,
 BENCH_TURN_WRITE_DOWNSTREAM_MS (the ticket service's own time per ticket),
@@ -28,6 +31,7 @@ import httpx
 from pydantic import BaseModel
 
 from ledgerloop.agent.definition import Agent, register_agent
+from ledgerloop.effects.transport import LeanClient, LeanTransport
 from ledgerloop.runtime import Runtime
 from ledgerloop.services import relay_service
 from ledgerloop.tools.registry import HttpEffect, ToolContext, read_tool, write_tool
@@ -51,6 +55,7 @@ MODEL = os.environ.get("BENCH_TURN_WRITE_MODEL", "thread")
 #: takes tens of milliseconds, which the relay's send may overlap with the step's ending).
 DOWNSTREAM_MS = int(os.environ.get("BENCH_TURN_WRITE_DOWNSTREAM_MS", "0"))
 DOWNSTREAM_CPU = os.environ.get("BENCH_TURN_WRITE_DOWNSTREAM_CPU")
+BASELINE_CLIENT = os.environ.get("BENCH_TURN_WRITE_BASELINE_CLIENT", "relay")
 TICKET = {"title": "disk full on db-1", "body": "clean up /var/log", "priority": "normal"}
 
 SCRIPT = f"""
@@ -135,16 +140,20 @@ def main() -> None:
             async def body(runtime: Runtime) -> dict[str, Any]:
                 ends = await run_ends(url)
                 client = httpx.AsyncClient()
+                relays = LeanClient(LeanTransport())
 
                 async def downstream(n: int) -> None:
                     for _ in range(n):
-                        key = str(uuid.uuid4())
-                        reply = await client.post(
-                            f"{tickets_url}/idempotent/tickets",
-                            json=TICKET,
-                            headers={"Idempotency-Key": key},
-                        )
-                        reply.raise_for_status()
+                        headers = {"Idempotency-Key": str(uuid.uuid4())}
+                        url = f"{tickets_url}/idempotent/tickets"
+                        if BASELINE_CLIENT == "httpx":
+                            reply = await client.post(url, json=TICKET, headers=headers)
+                        else:
+                            timeout = httpx.Timeout(10.0)
+                            reply = await relays.request(
+                                "POST", url, headers=headers, json=TICKET, timeout=timeout
+                            )
+                        assert reply.status_code == 201, reply.content
 
                 def job(kind: str) -> Any:
                     agent = AGENTS[kind].name
@@ -174,6 +183,7 @@ def main() -> None:
                 finally:
                     await ends.close()
                     await client.aclose()
+                    await relays.aclose()
                 return {"costs": costs}
 
             result = run_in_worker(settings, url, body, services=[relay_service])
@@ -194,7 +204,8 @@ def _report(costs: dict[str, list[Cost]]) -> None:
     write_turn = ms["write"] - ms["answer"] - ms["downstream"]
     print(
         f"\nturn_write: one tool turn then the answer, {ROUNDS} rounds x {RUNS} runs "
-        f"(medians per run, {time.strftime('%Y-%m-%d')}; downstream takes {DOWNSTREAM_MS} ms"
+        f"(medians per run, {time.strftime('%Y-%m-%d')}; downstream takes {DOWNSTREAM_MS} ms, "
+        f"timed through the {BASELINE_CLIENT} client"
         + (f", pinned to CPU {DOWNSTREAM_CPU})" if DOWNSTREAM_CPU is not None else ")")
     )
     print(f"  {'job':<34} {'ms/run':>8} {'stmts':>7} {'commits':>8} {'WAL KB':>8}")
