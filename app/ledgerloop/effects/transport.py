@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import h11
 import httpx
@@ -174,7 +174,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         origin: Origin,
         method: bytes,
         target: bytes,
-        headers: list[tuple[bytes, bytes]] | Any,
+        headers: list[tuple[bytes, bytes]],
         body: bytes,
         pool: float | None,
         connect: float | None,
@@ -245,7 +245,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         conn: _Connection,
         method: bytes,
         target: bytes,
-        headers: Any,
+        headers: list[tuple[bytes, bytes]],
         body: bytes,
         write: float | None,
         read: float | None,
