@@ -14,9 +14,9 @@ Postgres as in `turn`. BENCH_TURN_WRITE_ROUNDS, BENCH_TURN_WRITE_RUNS, BENCH_TUR
 BENCH_TURN_WRITE_DOWNSTREAM_MS (the ticket service's own time per ticket),
 BENCH_TURN_WRITE_DOWNSTREAM_CPU (Linux: the one CPU the ticket service may run on; unset, it
 runs wherever the kernel puts it, as in the issue's measurement). On a two-core machine the
-ticket service, woken by the relay's request, often preempts the worker's event loop on its
-own core for the whole of its work (docs/benchmarks.md); pinning it elsewhere shows what the
-turn costs when the downstream is not competing for the worker's core.
+ticket service, woken by the relay's request, sometimes (about one send in ten here)
+preempts the worker's event loop on its own core for the whole of its work
+(docs/benchmarks.md); pinning it to one CPU makes that rarer, to see what it costs.
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ MODEL = os.environ.get("BENCH_TURN_WRITE_MODEL", "thread")
 DOWNSTREAM_MS = int(os.environ.get("BENCH_TURN_WRITE_DOWNSTREAM_MS", "0"))
 DOWNSTREAM_CPU = os.environ.get("BENCH_TURN_WRITE_DOWNSTREAM_CPU")
 BASELINE_CLIENT = os.environ.get("BENCH_TURN_WRITE_BASELINE_CLIENT", "relay")
+if BASELINE_CLIENT not in ("relay", "httpx"):
+    raise SystemExit(
+        f"BENCH_TURN_WRITE_BASELINE_CLIENT={BASELINE_CLIENT!r}: use relay (the default) or httpx"
+    )
 TICKET = {"title": "disk full on db-1", "body": "clean up /var/log", "priority": "normal"}
 
 SCRIPT = f"""
