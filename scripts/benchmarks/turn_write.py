@@ -120,17 +120,23 @@ AGENTS = {
 }
 
 
-def _pin(pid: int, cpu: int) -> None:
+def _pin(pid: int, cpu: str) -> None:
     """Every thread of process `pid` onto `cpu` (threads it starts later inherit it)."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        os.sched_setaffinity(int(task), {cpu})
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(task), {int(cpu)})
+    except (ValueError, OSError) as exc:
+        raise SystemExit(
+            f"BENCH_TURN_WRITE_DOWNSTREAM_CPU={cpu!r}: not a CPU this Linux machine has "
+            f"({exc}); give one of {sorted(os.sched_getaffinity(0))}, or leave it unset"
+        ) from exc
 
 
 def main() -> None:
     proc, tickets_url = ticket_service()
-    if DOWNSTREAM_CPU is not None:
-        _pin(proc.pid, int(DOWNSTREAM_CPU))
     try:
+        if DOWNSTREAM_CPU is not None:
+            _pin(proc.pid, DOWNSTREAM_CPU)
         with (
             _metered_cluster() as url,
             scripted_process(SCRIPT) if MODEL == "process" else scripted(SCRIPT) as model,
