@@ -115,6 +115,9 @@ def test_a_fleet_survives_a_kill_and_a_freeze_without_repeating_a_recorded_step(
         LEDGERLOOP_HEARTBEAT_S=str(HEARTBEAT_S),
         LEDGERLOOP_STALE_AFTER_S=str(STALE_AFTER_S),
         LEDGERLOOP_DISPATCH_FALLBACK_S="1",
+        # No worker may hold more than 20 of the 45 runs, so at least two hold some whatever
+        # order they wake in (on a loaded machine one woke first and claimed all of them).
+        LEDGERLOOP_WORKER_CONCURRENCY="20",
         # Small pools: four processes share a test server's connections.
         LEDGERLOOP_DBOS_POOL_SIZE="6",
         LEDGERLOOP_POOL_SIZE="4",
@@ -143,7 +146,7 @@ def test_a_fleet_survives_a_kill_and_a_freeze_without_repeating_a_recorded_step(
                 assert row is not None
                 runs[text] = row["id"]
         # Every run under way, and two workers executing some: one to kill, one to freeze
-        # (the third may have none; it must be left alone either way).
+        # (the third must be left alone whether it holds runs or not).
         wait_until(lambda: len({first_text(r) for r in model.requests()}) == RUNS, timeout=60)
         wait_until(lambda: len(pending_by_worker(conn)) >= 2, timeout=30)
 
@@ -261,6 +264,8 @@ def test_a_postgres_restart_under_a_fleet_declares_no_live_worker_dead(
         LEDGERLOOP_STALE_AFTER_S=str(RESTART_STALE_AFTER_S),
         LEDGERLOOP_DISPATCH_FALLBACK_S="1",
         LEDGERLOOP_DISPATCH_BATCH="3",  # small batches: every worker gets some of the burst
+        # ... and at most 12 of the 30 runs each, so all three hold some however they wake.
+        LEDGERLOOP_WORKER_CONCURRENCY="12",
         LEDGERLOOP_DBOS_POOL_SIZE="6",
         LEDGERLOOP_POOL_SIZE="4",
     )
