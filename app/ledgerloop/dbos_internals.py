@@ -327,26 +327,42 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         name="step-start",
-        uses="dbos._outcome.Pending.then replaced on the class: Pending._func, "
-        "dbos._outcome.DeferredResult.resolve_async and DBOS._configure_asyncio_thread_pool, "
-        "as Pending._wrap uses them",
+        uses="dbos._outcome.Pending.then and Pending._intercept replaced on the class: "
+        "Pending._func, dbos._outcome.DeferredResult.resolve_async and "
+        "DBOS._configure_asyncio_thread_pool, as Pending._wrap uses them; the name of the "
+        "interceptor DBOS gives a step (check_existing_result); dbos._context's "
+        "get_local_dbos_context and current_owner_xid for the step's workflow, operation id "
+        "and owner token",
         relies_on="Pending.then(next, dbos=) composes a coroutine outcome so that calling it "
         "awaits the body, then runs next on a thread with a thunk that returns the body's "
         "value or raises its exception, resolves a DeferredResult that next returns on the "
         "loop, and configures the pool first when given dbos; DBOS's own runs the trivial "
-        "`lambda: next` on a thread before the body, which nothing else observes",
+        "`lambda: next` on a thread before the body, which nothing else observes. "
+        "Pending._intercept(func, interceptor, dbos=) runs the interceptor on a thread and the "
+        "body when it returns NoResult; a step's interceptor is named check_existing_result, "
+        "runs in the step's context (workflow id, its operation id) and returns NoResult "
+        "exactly when check_operation_execution finds nothing recorded and no cancellation",
         why="that hop delays every async step's body (every think step) until a pool thread "
         "gets the GIL; with a write's relay working on the loop at that moment it took 1.2-1.6 "
-        "ms of a write-tool turn, and DBOS has no setting to skip it",
+        "ms of a write-tool turn, and DBOS has no setting to skip it. The journal check of the "
+        "step after a write, answered ahead by the write's checkpoint, would take another "
+        "trip through a thread while the write is sent on the loop",
         used_in=("app/ledgerloop/agent/dbos_step_start.py",),
-        private_names=("dbos._outcome.DeferredResult", "dbos._outcome.Pending"),
+        private_names=(
+            "dbos._context.current_owner_xid",
+            "dbos._context.get_local_dbos_context",
+            "dbos._outcome.DeferredResult",
+            "dbos._outcome.Pending",
+        ),
     ),
     Internal(
         name="step-checkpoint",
         uses="SystemDatabase.record_operation_result replaced on the process's DBOS instance "
         "by one statement over dbos.workflow_status (the owner token, FOR NO KEY UPDATE) and "
         "dbos.operation_outputs (the step's row, its columns as DBOS writes them), with a "
-        "step's rider query run by the same statement once the row is this execution's; "
+        "step's rider query run by the same statement once the row is this execution's, "
+        "and then the next operation's journal check read by it too (journal-check's "
+        "reads); "
         "dbos._context.current_owner_xid for "
         "the token; SystemDatabase.app_name, _child_values, _wf_values and what journal-check "
         "reads to tell where it applies; DBOSWorkflowConflictIDError and "

@@ -105,6 +105,15 @@ SPANS = (
     ("send<", "write-step<"),
     ("write-step>", "write-step<"),
     ("outcome-record>", "outcome-record<"),
+    ("checkpoint<", "send>"),
+    ("send>", "journal-check>"),
+    ("exchange>", "journal-check>"),
+    ("exchange>", "journal-check<"),
+    ("checkpoint<", "model>"),
+    ("send<", "model>"),
+    ("outcome-record<", "model<"),
+    ("model<", "end"),
+    ("model>", "model<"),
 )
 
 

@@ -365,6 +365,18 @@ async def contract_rider(kind: str) -> str:
         return "failed"
 
 
+async def _after() -> str:
+    return "after"
+
+
+@DBOS.workflow(name="ll_contract_ahead")
+async def contract_ahead(kind: str) -> list[str]:
+    """A step that hands a rider to its checkpoint ("rides") or none ("none"), then another:
+    the second's journal check is answered by the first's checkpoint when it carried one."""
+    first = await DBOS.run_step_async({"name": "ridden"}, _ridden, kind)
+    return [first, await DBOS.run_step_async({"name": "after"}, _after)]
+
+
 def _rider_run(cconn: Conn, kind: str) -> tuple[str, _Marker]:
     workflow_id = str(uuid.uuid4())
     marker = _MARKERS[workflow_id] = _Marker(workflow_id)
@@ -498,6 +510,85 @@ def test_step_checkpoint(cconn: Conn) -> None:
     clash.params = {"workflow_uuid": "x"}
     with pytest.raises(ValueError, match="workflow_uuid"):
         dbos_checkpoint.ride(failed, 96, clash)
+
+
+def test_journal_check_answered_ahead(cconn: Conn) -> None:
+    """A checkpoint that carries a rider answers the next step's journal check (nothing
+    recorded, not cancelled) and that step starts without DBOS's check; otherwise DBOS checks
+    (db.dbos_checkpoint, db.dbos_journal.answer_ahead, agent.dbos_step_start)."""
+    from dbos._dbos import _get_dbos_instance
+
+    from ledgerloop.agent import dbos_step_start
+    from ledgerloop.db import dbos_checkpoint, dbos_journal
+
+    assert dbos_step_start.installed(), broken("step-start", "the worker did not install it")
+    cconn.execute("CREATE TABLE IF NOT EXISTS contract_rider (value text)")
+    cconn.execute(
+        "CREATE OR REPLACE FUNCTION contract_rider_mark(p_value text) RETURNS TABLE (marked text)"
+        " LANGUAGE sql AS $$ INSERT INTO contract_rider (value) VALUES (p_value)"
+        " RETURNING value $$"
+    )
+    sys_db = _get_dbos_instance()._sys_db
+    ours = vars(sys_db)["check_operation_execution"]
+    checked: list[tuple[str, int, str]] = []
+
+    def counting(workflow_id: str, function_id: int, function_name: str, **kw: Any) -> Any:
+        checked.append((workflow_id, function_id, function_name))
+        return ours(workflow_id, function_id, function_name, **kw)
+
+    def run(kind: str) -> tuple[str, list[str]]:
+        workflow_id = str(uuid.uuid4())
+        _MARKERS[workflow_id] = _Marker(workflow_id)
+        cconn.execute(
+            "SELECT dbos.enqueue_workflow('ll_contract_ahead', %(queue)s, "
+            "ARRAY[to_json(%(kind)s::text)], workflow_id => %(id)s)",
+            {"queue": QUEUE_NAME, "kind": kind, "id": workflow_id},
+        )
+        assert _result(workflow_id, "step-start") == ["ridden", "after"]
+        return workflow_id, [name for wf, _, name in checked if wf == workflow_id]
+
+    setattr(sys_db, "check_operation_execution", counting)  # noqa: B010
+    try:
+        rides, rides_checked = run("rides")
+        alone, alone_checked = run("none")
+    finally:
+        setattr(sys_db, "check_operation_execution", ours)  # noqa: B010
+    assert alone_checked == ["ridden", "after"], broken("journal-check", f"{alone_checked}")
+    assert rides_checked == ["ridden"], f"the step after a rider was checked: {rides_checked}"
+    for workflow_id in (rides, alone):
+        names = [r["function_name"] for r in _journal_rows(cconn, workflow_id)]
+        assert names == ["ridden", "after"], broken("step-checkpoint", f"{names}")
+
+    # The statement's own answer: given for the next operation only when nothing is
+    # recorded there and the workflow is not cancelled; taken once, by the same owner.
+    result = {
+        "workflow_uuid": rides,
+        "function_name": "late",
+        "output": '"late"',
+        "error": None,
+        "serialization": None,
+        "started_at_epoch_ms": int(time.time() * 1000),
+        "child_workflow_id": None,
+    }
+
+    def checkpoint(function_id: int) -> None:
+        dbos_checkpoint.ride(rides, function_id, _Marker(rides))
+        sys_db.record_operation_result({**result, "function_id": function_id})
+
+    checkpoint(50)
+    assert dbos_journal.take_ahead(rides, 51, None), "a checkpoint with a rider answered nothing"
+    assert not dbos_journal.take_ahead(rides, 51, None), "an answer was taken twice"
+    checkpoint(52)
+    assert not dbos_journal.take_ahead(rides, 53, "another execution")
+    sys_db.record_operation_result({**result, "function_id": 61})  # no rider: no answer
+    assert not dbos_journal.take_ahead(rides, 62, None), "a checkpoint without a rider answered"
+    checkpoint(60)  # 61 is recorded: its check must find it and replay it
+    assert not dbos_journal.take_ahead(rides, 61, None), "answered for a recorded operation"
+    cconn.execute(
+        "UPDATE dbos.workflow_status SET status = 'CANCELLED' WHERE workflow_uuid = %s", (rides,)
+    )
+    checkpoint(80)
+    assert not dbos_journal.take_ahead(rides, 81, None), "answered for a cancelled workflow"
 
 
 def _journal_rows(cconn: Conn, workflow_id: str) -> list[dict[str, Any]]:

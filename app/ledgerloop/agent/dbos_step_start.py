@@ -16,6 +16,13 @@ when DBOS asks for it, the exception path (`next` is given a thunk that raises),
 per step) and is undone by `uninstall`. The contract test in tests/contract checks both
 against DBOS's own, result for result, and that one hop is gone
 (dbos_internals: `step-start`).
+
+It also replaces `Pending._intercept`, which runs a step's journal check on a thread before
+its body, so that a step whose check was answered ahead (db.dbos_journal.take_ahead: by the
+checkpoint of a step that carried a write) starts its body at once, with no trip through a
+thread: the answer is the one its check would give, nothing recorded and not cancelled.
+Only a step's check (DBOS's `check_existing_result`) is ever skipped; the workflow start's
+interceptor, and a step without an answer, go to DBOS's own.
 """
 
 from __future__ import annotations
@@ -25,9 +32,16 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from dbos._context import current_owner_xid, get_local_dbos_context
 from dbos._outcome import DeferredResult, Pending
 
+from ledgerloop.db import dbos_journal
+
 _original: Any = None
+_original_intercept: Any = None
+
+#: The name of the interceptor DBOS gives a step: its journal check.
+STEP_CHECK = "check_existing_result"
 
 
 async def _then(
@@ -59,35 +73,62 @@ def _then_on_loop(self: Any, next: Callable[[Callable[[], Any]], Any], *, dbos: 
     return Pending(lambda: _then(func, next, dbos))
 
 
+def _answered_ahead(interceptor: Callable[[], Any]) -> bool:
+    if getattr(interceptor, "__name__", None) != STEP_CHECK:
+        return False
+    ctx = get_local_dbos_context()
+    if ctx is None or not ctx.workflow_id:
+        return False
+    owner = current_owner_xid(ctx.workflow_id, ctx)
+    return dbos_journal.take_ahead(ctx.workflow_id, ctx.function_id, owner)
+
+
+async def _intercept(
+    func: Callable[[], Coroutine[Any, Any, Any]],
+    interceptor: Callable[[], Any],
+    *,
+    dbos: Any = None,
+) -> Any:
+    if _answered_ahead(interceptor):
+        if dbos is not None:
+            await dbos._configure_asyncio_thread_pool()
+        return await func()
+    return await _original_intercept.__func__(func, interceptor, dbos=dbos)
+
+
 def applies() -> bool:
     """Whether DBOS's `Pending` is the one this replaces (its `then` and `_wrap` as above)."""
     return (
         callable(getattr(Pending, "then", None))
         and callable(getattr(Pending, "_wrap", None))
+        and isinstance(vars(Pending).get("_intercept"), staticmethod)
         and "_func" in getattr(Pending, "__slots__", ())
         and callable(getattr(DeferredResult, "resolve_async", None))
     )
 
 
 def install() -> bool:
-    """Start async steps' bodies on the loop (once per process); False when DBOS's own
-    `then` stays (see `applies`)."""
-    global _original
+    """Start async steps' bodies on the loop (once per process), without a journal check
+    answered ahead; False when DBOS's own `then` and `_intercept` stay (see `applies`)."""
+    global _original, _original_intercept
     if _original is not None:
         return True
     if not applies():
         return False
     _original = Pending.then
+    _original_intercept = vars(Pending)["_intercept"]
     Pending.then = _then_on_loop  # type: ignore[method-assign]
+    Pending._intercept = staticmethod(_intercept)  # type: ignore[method-assign]
     return True
 
 
 def uninstall() -> None:
-    """DBOS's own `then` again."""
-    global _original
+    """DBOS's own `then` and `_intercept` again."""
+    global _original, _original_intercept
     if _original is not None:
         Pending.then = _original  # type: ignore[method-assign]
-        _original = None
+        Pending._intercept = _original_intercept  # type: ignore[method-assign]
+        _original = _original_intercept = None
 
 
 def installed() -> bool:

@@ -12,7 +12,10 @@ A step body that has something to commit only if its result is journaled (a writ
 asked for in this step's answer, agent.write_ahead) hands a `Rider` to `ride`: a SELECT
 (typically of a function that writes). The checkpoint's statement then runs it after its own
 row, and only when that row is this execution's (`step_checkpoint`): the two
-commit together or not at all, in one round trip and one commit.
+commit together or not at all, in one round trip and one commit. The same statement reads
+what the journal check of the step after would read, and answers that check ahead
+(db.dbos_journal.answer_ahead) when it would find nothing: that step starts while the write
+is sent on the event loop, where a check of its own waits for a pool thread and the GIL.
 
 `install` replaces the checkpoint on this process's DBOS instance, for an unsharded Postgres
 system database only (`applies`); anything else, a call that names a shard key, and a call
@@ -82,9 +85,12 @@ CHECKPOINT_PARAMS = frozenset(
         "serialization",
         "application_name",
         "owner_xid",
+        "answer_next",
     }
 )
-CHECKPOINT_COLUMNS = frozenset({"owner_xid", "written", "completed_at_epoch_ms"})
+CHECKPOINT_COLUMNS = frozenset(
+    {"owner_xid", "written", "completed_at_epoch_ms", "next_status", "next_recorded"}
+)
 
 _riders: dict[tuple[str, int], Rider] = {}
 _lock = threading.Lock()
@@ -169,6 +175,7 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
             "serialization": result["serialization"],
             "application_name": sys_db.app_name,
             "owner_xid": owner,
+            "answer_next": rider is not None,
         }
         try:
             with pool.connection() as conn:
@@ -179,6 +186,7 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
                         if row is not None:
                             _verdict(row, result, completed_at)  # raises: neither committed
                             rider.committed(row)
+                            _answer_next(row, workflow_id, result["function_id"], owner)
                             return
                     row = conn.execute(ALONE, params).fetchone()
                     _verdict(row, result, completed_at)
@@ -220,6 +228,16 @@ def _with(query: LiteralString) -> LiteralString:
 
 #: The checkpoint with no rider.
 ALONE = _with("SELECT WHERE false")
+
+
+def _answer_next(
+    row: dict[str, Any], workflow_id: str, function_id: int, owner: str | None
+) -> None:
+    """The next operation's journal check answered ahead when it would find nothing to
+    replay and no cancellation (anything else: that check runs and says so itself)."""
+    status = row["next_status"]
+    if status is not None and status != "CANCELLED" and row["next_recorded"] is False:
+        dbos_journal.answer_ahead(workflow_id, function_id + 1, owner)
 
 
 def _verdict(row: dict[str, Any] | None, result: dict[str, Any], completed_at: int) -> None:

@@ -13,6 +13,10 @@
 -- attempt's time (OFFSET 0 keeps the subquery a step of its own, run once per row of
 -- `written`, so with no row it never runs). Its first row's columns come first: a name
 -- the checkpoint's answer uses reads the checkpoint's.
+--
+-- With `answer_next`, it also reads what DBOS's journal check of the next operation
+-- (function_id + 1) would read (dbos_journal.sql): the workflow's status, and whether that
+-- operation is recorded. Without it, both are NULL and neither is read.
 WITH owner AS (
   SELECT owner_xid FROM dbos.workflow_status
   WHERE workflow_uuid = %(workflow_uuid)s AND %(owner_xid)s::text IS NOT NULL
@@ -42,6 +46,13 @@ WITH owner AS (
 SELECT rider.*,
        (SELECT owner_xid FROM owner) AS owner_xid,
        EXISTS (SELECT 1 FROM written) AS written,
-       (SELECT completed_at_epoch_ms FROM written) AS completed_at_epoch_ms
+       (SELECT completed_at_epoch_ms FROM written) AS completed_at_epoch_ms,
+       CASE WHEN %(answer_next)s::boolean THEN (
+         SELECT status FROM dbos.workflow_status WHERE workflow_uuid = %(workflow_uuid)s
+       ) END AS next_status,
+       CASE WHEN %(answer_next)s::boolean THEN EXISTS (
+         SELECT 1 FROM dbos.operation_outputs
+         WHERE workflow_uuid = %(workflow_uuid)s AND function_id = %(function_id)s + 1
+       ) END AS next_recorded
 FROM (VALUES (1)) AS one (x)
 LEFT JOIN (SELECT * FROM rider LIMIT 1) AS rider ON true

@@ -13,11 +13,22 @@ database only; anything else, and any call that names a shard key, goes to DBOS'
 as does a call whose connection fails (DBOS's check retries). The DBOS internal
 `journal-check` (ledgerloop.dbos_internals) lists what this relies on; its contract test
 compares both checks on the same journal.
+
+A check can also be answered ahead (`answer_ahead`): the checkpoint that carries a write
+(db.dbos_checkpoint) reads, in its own statement, what the check of the operation after it
+would read, and when that is "not recorded, not cancelled" the next step starts without a
+check of its own (agent.dbos_step_start takes the answer). That step starts while the write
+is being sent on the same event loop, where the check's trip through a pool thread waits
+for the GIL. An answer is kept for one execution (its owner token), is taken once, and
+expires after `AHEAD_S`: a cancellation committed in that short window is seen at the step
+after, as one committed just after a check is.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,6 +46,38 @@ Q = load_queries("ledgerloop.db", "dbos_journal.sql")
 
 #: `SystemDatabase.check_operation_execution`'s shape: a recorded result, or None.
 Check = Callable[..., dict[str, Any] | None]
+
+#: How long an answer given ahead stands. The step it answers starts within a millisecond
+#: or two of the checkpoint that read it; one that starts later checks for itself.
+AHEAD_S = 0.1
+
+#: (workflow id, operation id) -> (the execution's owner token, when it was read).
+_ahead: dict[tuple[str, int], tuple[str | None, float]] = {}
+_ahead_lock = threading.Lock()
+
+
+def answer_ahead(workflow_id: str, function_id: int, owner: str | None) -> None:
+    """Record, for execution `owner`, that operation `function_id` of `workflow_id` is not
+    in the journal and the workflow is not cancelled: read just now, in the same statement
+    as the checkpoint of the operation before it. Expired answers are dropped here."""
+    now = time.monotonic()
+    with _ahead_lock:
+        stale = [key for key, (_, at) in _ahead.items() if now - at > AHEAD_S]
+        for key in stale:
+            del _ahead[key]
+        _ahead[(workflow_id, function_id)] = (owner, now)
+
+
+def take_ahead(workflow_id: str, function_id: int, owner: str | None) -> bool:
+    """Whether the check of operation `function_id` was answered ahead for this execution,
+    and recently enough: then it is not recorded and the workflow was not cancelled. Taken
+    once: a second call (a retry of the same operation) checks for itself."""
+    with _ahead_lock:
+        given = _ahead.pop((workflow_id, function_id), None)
+    if given is None:
+        return False
+    given_to, at = given
+    return given_to == owner and time.monotonic() - at <= AHEAD_S
 
 
 def applies(sys_db: Any) -> bool:
