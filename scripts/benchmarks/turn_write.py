@@ -17,6 +17,9 @@ runs wherever the kernel puts it, as in the issue's measurement). On a two-core 
 ticket service, woken by the relay's request, sometimes (about one send in ten here)
 preempts the worker's event loop on its own core for the whole of its work
 (docs/benchmarks.md); pinning it to one CPU makes that rarer, to see what it costs.
+BENCH_TURN_WRITE_ANSWER_AHEAD=off: the step after a write checks its journal itself, as
+before 2026-12-04 (its check is answered ahead by the write's checkpoint otherwise:
+db.dbos_journal.answer_ahead), to compare both in one hour; `turn_write_timeline` reads it too.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import httpx
 from pydantic import BaseModel
 
 from ledgerloop.agent.definition import Agent, register_agent
+from ledgerloop.db import dbos_journal
 from ledgerloop.effects.transport import LeanClient, LeanTransport
 from ledgerloop.runtime import Runtime
 from ledgerloop.services import relay_service
@@ -60,6 +64,11 @@ if BASELINE_CLIENT not in ("relay", "httpx"):
     raise SystemExit(
         f"BENCH_TURN_WRITE_BASELINE_CLIENT={BASELINE_CLIENT!r}: use relay (the default) or httpx"
     )
+ANSWER_AHEAD = os.environ.get("BENCH_TURN_WRITE_ANSWER_AHEAD", "on")
+if ANSWER_AHEAD not in ("on", "off"):
+    raise SystemExit(f"BENCH_TURN_WRITE_ANSWER_AHEAD={ANSWER_AHEAD!r}: use on (the default) or off")
+if ANSWER_AHEAD == "off":
+    dbos_journal.AHEAD_S = -1.0  # every answer given ahead has expired when it is taken
 TICKET = {"title": "disk full on db-1", "body": "clean up /var/log", "priority": "normal"}
 
 SCRIPT = f"""
@@ -215,7 +224,7 @@ def _report(costs: dict[str, list[Cost]]) -> None:
     print(
         f"\nturn_write: one tool turn then the answer, {ROUNDS} rounds x {RUNS} runs "
         f"(medians per run, {time.strftime('%Y-%m-%d')}; downstream takes {DOWNSTREAM_MS} ms, "
-        f"timed through the {BASELINE_CLIENT} client"
+        f"timed through the {BASELINE_CLIENT} client; answer ahead {ANSWER_AHEAD}"
         + (f", pinned to CPU {DOWNSTREAM_CPU})" if DOWNSTREAM_CPU is not None else ")")
     )
     print(f"  {'job':<34} {'ms/run':>8} {'stmts':>7} {'commits':>8} {'WAL KB':>8}")

@@ -10,7 +10,7 @@ some of the runs). A diagnostic, not a ratio: the marks wrap functions of the ru
 code, so they cost a little time themselves and the figures are for comparing the parts,
 not for the turn's total. BENCH_TIMELINE_RUNS (300); BENCH_TIMELINE_PAUSE_MS (0): a pause
 before each run, so that the last one's tail (its checkpoint after the answer's save) is
-over before the next one starts.
+over before the next one starts. BENCH_TURN_WRITE_ANSWER_AHEAD=off as in `turn_write`.
 """
 
 from __future__ import annotations
@@ -105,15 +105,11 @@ SPANS = (
     ("send<", "write-step<"),
     ("write-step>", "write-step<"),
     ("outcome-record>", "outcome-record<"),
-    ("checkpoint<", "send>"),
-    ("send>", "journal-check>"),
-    ("exchange>", "journal-check>"),
-    ("exchange>", "journal-check<"),
+    # The write's commit to the next model call, and where in it that call waits: for the
+    # answer (send<), or for the next step's journal check when it has one (exchange>).
     ("checkpoint<", "model>"),
     ("send<", "model>"),
-    ("outcome-record<", "model<"),
-    ("model<", "end"),
-    ("model>", "model<"),
+    ("exchange>", "journal-check>"),
 )
 
 
