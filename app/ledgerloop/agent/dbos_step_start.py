@@ -97,7 +97,8 @@ async def _intercept(
 
 
 def applies() -> bool:
-    """Whether DBOS's `Pending` is the one this replaces (its `then` and `_wrap` as above)."""
+    """Whether DBOS's `Pending` is the one this replaces (its `then`, `_wrap` and
+    `_intercept` as above)."""
     return (
         callable(getattr(Pending, "then", None))
         and callable(getattr(Pending, "_wrap", None))
