@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 import pytest
+from psycopg.types.json import Jsonb
 
 from ledgerloop.agent.effect_record import NotGranted, record_claimed_write
 from ledgerloop.approvals.preview import render_preview
@@ -27,6 +28,7 @@ from ledgerloop.effects.hashing import idempotency_key, request_hash
 from ledgerloop.effects.ledger import Claim, Effect, effect_await
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
 from ledgerloop.effects.outbox import Claimed, Outcome, connect_async, outbox_record
+from ledgerloop.effects.outbox import Q as OUTBOX_Q
 from ledgerloop.effects.relay import Relay
 from ledgerloop.effects.testing import messages_for
 from ledgerloop.failures import is_transient
@@ -327,3 +329,53 @@ def test_a_mark_and_an_outcome_at_once_tell_the_workflow_exactly_once(
     if first == "outcome":
         assert answer is EffectStatus.SUCCEEDED  # the mark read the committed outcome
     assert _heard(conn, effect) == ["succeeded"]
+
+
+# -- an outcome among many effects in flight: found by its key (migration 0022) ------------
+
+
+def _scans(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """Every (node type, index) that reads activity_effect in an EXPLAIN (FORMAT JSON) plan."""
+    found = []
+    if plan.get("Relation Name") == "activity_effect" and plan["Node Type"] != "ModifyTable":
+        found.append((plan["Node Type"], plan.get("Index Name")))
+    for child in plan.get("Plans", ()):
+        found += _scans(child)
+    return found
+
+
+@pytest.mark.parametrize("statistics", ["fresh", "stale"])
+def test_an_outcome_among_thousands_in_flight_reads_its_effect_by_key(
+    conn: Conn, db_url: str, statistics: str
+) -> None:
+    run_id = _run_in(conn, RunStatus.PLANNING)
+    effect, claim = _record(db_url, run_id)
+    assert claim is not None
+    if statistics == "stale":  # the planner believes almost nothing is in flight
+        conn.execute("ANALYZE ledgerloop.activity_effect")
+    conn.execute(
+        "INSERT INTO ledgerloop.activity_effect (idempotency_key, run_id, tenant_id, tool, "
+        "request_hash, destination, status, attempts, lease_until) "
+        "SELECT 'other-' || g, %s, %s, 'write_ticket', 'h', 'tickets', 'started', 1, "
+        "now() + interval '1 hour' FROM generate_series(1, 3000) AS g",
+        (run_id, uuid.UUID(int=0)),
+    )
+    if statistics == "fresh":
+        conn.execute("ANALYZE ledgerloop.activity_effect")
+    claimed = Claimed.at_insert(effect, claim, REQUEST.to_json())
+    outcome = Outcome(claimed, EffectStatus.SUCCEEDED, OutboxStatus.DONE, result={"id": 7})
+    with conn.transaction(force_rollback=True):
+        row = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)\n" + OUTBOX_Q["outbox_record"],
+            {"outcomes": Jsonb([outcome.as_json()])},
+        ).fetchone()
+        assert row is not None
+        plan = next(iter(row.values()))[0]["Plan"]
+        settled = conn.execute(
+            "SELECT status FROM ledgerloop.activity_effect WHERE idempotency_key = %s",
+            (effect.key,),
+        ).fetchone()
+    assert settled == {"status": "succeeded"}  # the statement did record it
+    # One lookup by primary key, not a pass over the 3,001 unsettled effects.
+    assert _scans(plan) == [("Index Scan", "activity_effect_pkey")]
+    assert plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0) < 200

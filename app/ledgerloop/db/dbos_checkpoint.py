@@ -188,6 +188,9 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
                             rider.committed(row)
                             _answer_next(row, workflow_id, result["function_id"], owner)
                             return
+                        # The rider failed: the checkpoint alone answers nothing ahead, so
+                        # its statement need not read the next operation either.
+                        params["answer_next"] = False
                     row = conn.execute(ALONE, params).fetchone()
                     _verdict(row, result, completed_at)
                 finally:

@@ -140,6 +140,8 @@ class Outcome:
             "outbox_id": self.claimed.outbox_id,
             "key": self.claimed.key,
             "attempt": self.claimed.effect_attempts,
+            # What the claim left the effect in; the record settles only from there.
+            "from_status": EffectStatus.STARTED.value,
             "status": self.status.value,
             "outbox_status": self.outbox_status.value,
             "external_reference": self.external_reference,

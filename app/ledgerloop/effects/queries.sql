@@ -244,12 +244,12 @@ WHERE id = ANY(%(ids)s)
 -- effect also moves the run from executing back to planning, with the event recorded under
 -- that step's name exactly as the step's own move would have (run_advance): the turn then
 -- has no commit of its own for the move. A lost attempt moves nothing.
+-- Each effect is a primary-key lookup (migration 0022): the outcomes come as a set the
+-- planner expects to be one row, and the status they settle from comes with them, so the
+-- partial index of unsettled effects never matches (through it, one outcome read every
+-- effect in flight).
 WITH outcome AS (
-  SELECT *
-  FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS x(
-    outbox_id bigint, key text, attempt int, status text, outbox_status text,
-    external_reference text, result jsonb, error text, evidence jsonb,
-    lease_s float8, retry_in_s float8, replan_step text)
+  SELECT * FROM ledgerloop.effect_outcomes(%(outcomes)s::jsonb)
 ), effect AS (
   UPDATE ledgerloop.activity_effect e
   SET status = outcome.status,
@@ -263,7 +263,7 @@ WITH outcome AS (
       updated_at = now()
   FROM outcome
   WHERE e.idempotency_key = outcome.key
-    AND e.status = 'started'
+    AND e.status = outcome.from_status
     AND e.attempts = outcome.attempt
   RETURNING e.idempotency_key, e.run_id
 ), replanned AS (
