@@ -17,9 +17,13 @@ runs wherever the kernel puts it, as in the issue's measurement). On a two-core 
 ticket service, woken by the relay's request, sometimes (about one send in ten here)
 preempts the worker's event loop on its own core for the whole of its work
 (docs/benchmarks.md); pinning it to one CPU makes that rarer, to see what it costs.
-BENCH_TURN_WRITE_ANSWER_AHEAD=off: the step after a write checks its journal itself, as
-before 2026-12-04 (its check is answered ahead by the write's checkpoint otherwise:
-db.dbos_journal.answer_ahead), to compare both in one hour; `turn_write_timeline` reads it too.
+It also reports the CPU each job cost per run, by process (this one, which holds the worker
+and, unless BENCH_TURN_WRITE_MODEL=process, the scripted model; Postgres; the ticket
+service), and the same turn ratio taken on CPU: the time ratio moves with the hour, the CPU
+one much less. BENCH_TURN_WRITE_ANSWER_AHEAD=off: the step after a write checks its journal
+itself, as before 2026-12-04 (its check is answered ahead by the write's checkpoint
+otherwise: db.dbos_journal.answer_ahead), to compare both in one hour;
+`turn_write_timeline` reads it too.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from scripts.benchmarks.common import (
     scripted_process,
     settings_for,
 )
+from scripts.benchmarks.cpu import ProcessCpu
 from scripts.benchmarks.effects import ticket_service
 from scripts.benchmarks.run_ends import run_ends
 from scripts.benchmarks.turn import Cost, Meter, _metered_cluster, _run_ledgerloop
@@ -182,6 +187,8 @@ def main() -> None:
                 systems = {kind: job(kind) for kind in AGENTS}
                 systems["downstream"] = downstream
                 costs: dict[str, list[Cost]] = {name: [] for name in systems}
+                cpu = ProcessCpu(url, {"ticket service": proc.pid})
+                cpu_costs: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
                 if DOWNSTREAM_MS:
                     slow = {"mode": "slow", "count": 10_000, "delay_ms": DOWNSTREAM_MS}
                     (await client.post(f"{tickets_url}/_faults", json=slow)).raise_for_status()
@@ -190,9 +197,10 @@ def main() -> None:
                         await go(2)
                     for _ in range(ROUNDS):
                         for name, go in systems.items():
-                            mark = meter.start()
+                            mark, before = meter.start(), cpu.sample()
                             await go(RUNS)
                             costs[name].append(meter.stop(mark))
+                            cpu_costs[name].append(cpu.spent(before, cpu.sample()))
                     if os.environ.get("BENCH_TURN_DETAIL"):
                         for name in ("read", "write"):
                             print(f"\n  where a {name} run's work went:")
@@ -203,7 +211,7 @@ def main() -> None:
                     await ends.close()
                     await client.aclose()
                     await relays.aclose()
-                return {"costs": costs}
+                return {"costs": costs, "cpu": cpu_costs}
 
             result = run_in_worker(settings, url, body, services=[relay_service])
             meter.close()
@@ -211,6 +219,7 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=30)
     _report(result["costs"])
+    _report_cpu(result["cpu"])
 
 
 def _med(rows: list[Cost], field: str) -> float:
@@ -247,6 +256,28 @@ def _report(costs: dict[str, list[Cost]]) -> None:
     if paired:
         print(
             f"  ratio within each round, median of {len(paired)}: {statistics.median(paired):.2f}x"
+        )
+
+
+def _report_cpu(cpu: dict[str, list[dict[str, float]]]) -> None:
+    """CPU per run by process (means over the rounds: /proc counts in 10 ms ticks), and the
+    same ratio as above taken on CPU instead of time: what each turn costs the machine."""
+    groups = list(next(iter(cpu.values()))[0])
+    per_run = {
+        job: {g: statistics.mean(r[g] for r in rounds) / RUNS * 1000 for g in groups}
+        for job, rounds in cpu.items()
+    }
+    print(f"  CPU ms/run (mean of {ROUNDS} rounds): " + ", ".join(groups))
+    for job, by_group in per_run.items():
+        cells = " ".join(f"{by_group[g]:>8.2f}" for g in groups)
+        print(f"  {job:<34} {cells} {sum(by_group.values()):>8.2f} total")
+    total = {job: sum(by_group.values()) for job, by_group in per_run.items()}
+    read_turn = total["read"] - total["answer"]
+    write_turn = total["write"] - total["answer"] - total["downstream"]
+    if read_turn > 0:
+        print(
+            f"  CPU: read-tool turn {read_turn:.2f} ms, write-tool turn {write_turn:.2f} ms "
+            f"(less the downstream's), ratio {write_turn / read_turn:.2f}x"
         )
 
 
