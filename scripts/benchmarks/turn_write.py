@@ -2,28 +2,33 @@
 
 Three one-run jobs with the same zero-latency scripted model: an answer only; one read-tool
 turn then the answer; one write-tool turn (its effect and outbox row in one commit, the
-relay's delivery to the ticket service in its own process, the outcome back to the run) then
-the answer. A turn costs its run less the answer-only run; the write turn's downstream time
-(the same POST to the same ticket service through the relay's own keep-alive client, timed in
-the same rounds) is left out too. BENCH_TURN_WRITE_BASELINE_CLIENT=httpx times that POST
-through httpx's client instead, as this bench did before 2026-12-04: its own CPU (about 0.4
-ms more per POST than the relay's client) was then subtracted from the write turn as if it
-were the downstream's. Target: a write-tool turn <= 1.5x a read-tool turn (also reported as the
-median of the same ratio taken within each round). Database work per run is read from
-Postgres as in `turn`. BENCH_TURN_WRITE_ROUNDS, BENCH_TURN_WRITE_RUNS, BENCH_TURN_WRITE_MODEL,
+relay's delivery to the ticket service in its own process, the outcome back to the run)
+then the answer. A turn costs its run less the answer-only run; the write turn's downstream
+time (the same POST to the same ticket service through the relay's own keep-alive client,
+timed in the same rounds) is left out too. Each such POST follows an answer-only run, as
+inside a write run: the ticket service has been idle for a run, and this process and
+Postgres are busy. An idle ticket service takes about twice the CPU per POST it takes when
+POSTs come back to back, which the baseline timed until 2026-12-04
+(BENCH_TURN_WRITE_DOWNSTREAM_TIMING=back-to-back subtracts that one; both are reported).
+BENCH_TURN_WRITE_BASELINE_CLIENT=httpx times that POST through httpx's client instead, as
+this bench did before 2026-12-04: its own CPU (about 0.4 ms more per POST than the relay's
+client) was then subtracted from the write turn as if it were the downstream's. Target: a
+write-tool turn <= 1.5x a read-tool turn (also reported as the median of the same ratio
+taken within each round). Database work per run is read from Postgres as in `turn`.
+BENCH_TURN_WRITE_ROUNDS, BENCH_TURN_WRITE_RUNS, BENCH_TURN_WRITE_MODEL,
 BENCH_TURN_WRITE_DOWNSTREAM_MS (the ticket service's own time per ticket),
-BENCH_TURN_WRITE_DOWNSTREAM_CPU (Linux: the one CPU the ticket service may run on; unset, it
-runs wherever the kernel puts it, as in the issue's measurement). On a two-core machine the
-ticket service, woken by the relay's request, sometimes (about one send in ten here)
+BENCH_TURN_WRITE_DOWNSTREAM_CPU (Linux: the one CPU the ticket service may run on; unset,
+it runs wherever the kernel puts it, as in the issue's measurement). On a two-core machine
+the ticket service, woken by the relay's request, sometimes (about one send in ten here)
 preempts the worker's event loop on its own core for the whole of its work
-(docs/benchmarks.md); pinning it to one CPU makes that rarer, to see what it costs.
-It also reports the CPU each job cost per run, by process (this one, which holds the worker
-and, unless BENCH_TURN_WRITE_MODEL=process, the scripted model; Postgres; the ticket
-service), and the same turn ratio taken on CPU: the time ratio moves with the hour, the CPU
-one much less. BENCH_TURN_WRITE_ANSWER_AHEAD=off: the step after a write checks its journal
-itself, as before 2026-12-04 (its check is answered ahead by the write's checkpoint
-otherwise: db.dbos_journal.answer_ahead), to compare both in one hour;
-`turn_write_timeline` reads it too.
+(docs/benchmarks.md); pinning it to one CPU makes that rarer, to see what it costs. It also
+reports the CPU each job cost per run, by process (this one, which holds the worker and,
+unless BENCH_TURN_WRITE_MODEL=process, the scripted model; Postgres; the ticket service),
+and the same turn ratio taken on CPU: the time ratio moves with the hour, the CPU one much
+less. BENCH_TURN_WRITE_ANSWER_AHEAD=off: the step after a write checks its journal itself,
+as before 2026-12-04 (its check is answered ahead by the write's checkpoint otherwise:
+db.dbos_journal.answer_ahead), to compare both in one hour; `turn_write_timeline` reads it
+too.
 """
 
 from __future__ import annotations
@@ -68,6 +73,16 @@ BASELINE_CLIENT = os.environ.get("BENCH_TURN_WRITE_BASELINE_CLIENT", "relay")
 if BASELINE_CLIENT not in ("relay", "httpx"):
     raise SystemExit(
         f"BENCH_TURN_WRITE_BASELINE_CLIENT={BASELINE_CLIENT!r}: use relay (the default) or httpx"
+    )
+#: "spaced": each baseline POST right after an answer-only run, as a write run's POST
+#: follows the run before it; "back-to-back": one POST after another, as before 2026-12-04
+#: (the downstream then answers warm, in about half the CPU it takes inside a run). Both
+#: are measured; this one is subtracted.
+DOWNSTREAM_TIMING = os.environ.get("BENCH_TURN_WRITE_DOWNSTREAM_TIMING", "spaced")
+if DOWNSTREAM_TIMING not in ("spaced", "back-to-back"):
+    raise SystemExit(
+        f"BENCH_TURN_WRITE_DOWNSTREAM_TIMING={DOWNSTREAM_TIMING!r}: "
+        "use spaced (the default) or back-to-back"
     )
 ANSWER_AHEAD = os.environ.get("BENCH_TURN_WRITE_ANSWER_AHEAD", "on")
 if ANSWER_AHEAD not in ("on", "off"):
@@ -166,18 +181,34 @@ def main() -> None:
                 client = httpx.AsyncClient()
                 relays = LeanClient(LeanTransport())
 
-                async def downstream(n: int) -> None:
+                async def post() -> None:
+                    headers = {"Idempotency-Key": str(uuid.uuid4())}
+                    url = f"{tickets_url}/idempotent/tickets"
+                    if BASELINE_CLIENT == "httpx":
+                        reply = await client.post(url, json=TICKET, headers=headers)
+                    else:
+                        timeout = httpx.Timeout(10.0)
+                        reply = await relays.request(
+                            "POST", url, headers=headers, json=TICKET, timeout=timeout
+                        )
+                    assert reply.status_code == 201, reply.content
+
+                async def back_to_back(n: int) -> None:
                     for _ in range(n):
-                        headers = {"Idempotency-Key": str(uuid.uuid4())}
-                        url = f"{tickets_url}/idempotent/tickets"
-                        if BASELINE_CLIENT == "httpx":
-                            reply = await client.post(url, json=TICKET, headers=headers)
-                        else:
-                            timeout = httpx.Timeout(10.0)
-                            reply = await relays.request(
-                                "POST", url, headers=headers, json=TICKET, timeout=timeout
-                            )
-                        assert reply.status_code == 201, reply.content
+                        await post()
+
+                async def spaced(n: int) -> float:
+                    """Seconds spent in the POSTs only, each right after an answer-only run
+                    (not timed here; its work is taken off this job's counts below): the
+                    ticket service has been idle for a run, while this process and Postgres
+                    are busy, as when a write run sends."""
+                    took = 0.0
+                    for _ in range(n):
+                        await systems["answer"](1)
+                        start = time.perf_counter()
+                        await post()
+                        took += time.perf_counter() - start
+                    return took
 
                 def job(kind: str) -> Any:
                     agent = AGENTS[kind].name
@@ -185,7 +216,10 @@ def main() -> None:
                     return lambda n: _run_ledgerloop(runtime, ends, n, agent=agent, tag=tag)
 
                 systems = {kind: job(kind) for kind in AGENTS}
-                systems["downstream"] = downstream
+                timings = {"spaced": spaced, "back-to-back": back_to_back}
+                systems["downstream"] = timings[DOWNSTREAM_TIMING]
+                other = next(t for t in timings if t != DOWNSTREAM_TIMING)
+                systems[f"downstream {other}"] = timings[other]
                 costs: dict[str, list[Cost]] = {name: [] for name in systems}
                 cpu = ProcessCpu(url, {"ticket service": proc.pid})
                 cpu_costs: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
@@ -198,9 +232,23 @@ def main() -> None:
                     for _ in range(ROUNDS):
                         for name, go in systems.items():
                             mark, before = meter.start(), cpu.sample()
-                            await go(RUNS)
-                            costs[name].append(meter.stop(mark))
-                            cpu_costs[name].append(cpu.spent(before, cpu.sample()))
+                            spent = await go(RUNS)
+                            cost = meter.stop(mark)
+                            used = cpu.spent(before, cpu.sample())
+                            if isinstance(spent, float):
+                                # The spaced POSTs: only they are timed; the answer runs
+                                # between them are taken off at this round's answer job's
+                                # rate.
+                                answer, answer_cpu = costs["answer"][-1], cpu_costs["answer"][-1]
+                                cost = Cost(
+                                    spent,
+                                    cost.statements - answer.statements,
+                                    cost.commits - answer.commits,
+                                    cost.wal_bytes - answer.wal_bytes,
+                                )
+                                used = {g: used[g] - answer_cpu[g] for g in used}
+                            costs[name].append(cost)
+                            cpu_costs[name].append(used)
                     if os.environ.get("BENCH_TURN_DETAIL"):
                         for name in ("read", "write"):
                             print(f"\n  where a {name} run's work went:")
@@ -233,7 +281,8 @@ def _report(costs: dict[str, list[Cost]]) -> None:
     print(
         f"\nturn_write: one tool turn then the answer, {ROUNDS} rounds x {RUNS} runs "
         f"(medians per run, {time.strftime('%Y-%m-%d')}; downstream takes {DOWNSTREAM_MS} ms, "
-        f"timed through the {BASELINE_CLIENT} client; answer ahead {ANSWER_AHEAD}"
+        f"timed {DOWNSTREAM_TIMING} through the {BASELINE_CLIENT} client; "
+        f"answer ahead {ANSWER_AHEAD}"
         + (f", pinned to CPU {DOWNSTREAM_CPU})" if DOWNSTREAM_CPU is not None else ")")
     )
     print(f"  {'job':<34} {'ms/run':>8} {'stmts':>7} {'commits':>8} {'WAL KB':>8}")
@@ -257,6 +306,8 @@ def _report(costs: dict[str, list[Cost]]) -> None:
         print(
             f"  ratio within each round, median of {len(paired)}: {statistics.median(paired):.2f}x"
         )
+    other = next(name for name in costs if name.startswith("downstream "))
+    print(f"  ratio with the {other}: {(ms['write'] - ms['answer'] - ms[other]) / read_turn:.2f}x")
 
 
 def _report_cpu(cpu: dict[str, list[dict[str, float]]]) -> None:
