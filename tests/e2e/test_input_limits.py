@@ -90,3 +90,28 @@ def test_too_deep_over_sql_is_ll001_naming_the_limit_and_no_run(conn: Conn, leve
 def test_the_limit_itself_is_accepted_over_sql(conn: Conn) -> None:
     start_run(conn, agent="ops", input=nested(MAX_INPUT_DEPTH))
     assert _runs(conn) == 1
+
+
+def test_the_depth_check_keeps_one_plan_and_still_answers_alike(conn: Conn) -> None:
+    """The check's query keeps a generic plan (migration 0023: a custom plan per execution
+    cost every start_run 0.12-0.15 ms of planning), and under that plan, past the first
+    executions where Postgres would still plan each one, it answers as before: at the limit
+    no, one level over yes, for flat inputs and deep ones alike."""
+    row = conn.execute(
+        "SELECT proconfig FROM pg_proc WHERE oid = "
+        "'ledgerloop.jsonb_depth_exceeds(jsonb, int)'::regprocedure"
+    ).fetchone()
+    assert row is not None
+    assert "plan_cache_mode=force_generic_plan" in (row["proconfig"] or []), row
+    check = "SELECT ledgerloop.jsonb_depth_exceeds(%s::jsonb, %s) AS over"
+    cases = [
+        ({"flat": 1}, False),
+        (nested(MAX_INPUT_DEPTH), False),
+        (nested(MAX_INPUT_DEPTH + 1), True),
+        ([[[1]], {"a": [2]}], False),
+    ]
+    for _ in range(4):  # 16 executions of each level's query in this session
+        for doc, over in cases:
+            answer = conn.execute(check, (psycopg.types.json.Jsonb(doc), MAX_INPUT_DEPTH))
+            assert answer.fetchone() == {"over": over}, doc
+    assert conn.execute(check, (psycopg.types.json.Jsonb([[[1]]]), 2)).fetchone() == {"over": True}
