@@ -2,6 +2,13 @@
 
 A file holds blocks that start with a line `-- name: noun_verb`; the block runs to the next
 such line. Parameters use psycopg's `%(name)s` style.
+
+The comments that explain a block stay in the file: a loaded query keeps only its first
+line when that is a comment (its label in pg_stat_statements and pg_stat_activity) and drops
+every other line that is only a comment. The text goes to the server on every execution
+that is not yet prepared, and psycopg caches its parsing of a query only up to 4,096
+characters: the step checkpoint with the write's record riding it came to 4,239 with its
+comments, so every write parsed it anew.
 """
 
 from __future__ import annotations
@@ -26,4 +33,10 @@ def load_queries(package: str, filename: str = "queries.sql") -> dict[str, Liter
             lines.append(line)
     if name:
         queries[name] = "\n".join(lines).strip()
-    return queries
+    return {name: _without_comment_lines(query) for name, query in queries.items()}
+
+
+def _without_comment_lines(query: LiteralString) -> LiteralString:
+    first, _, rest = query.partition("\n")
+    kept = [line for line in rest.split("\n") if not line.lstrip().startswith("--")]
+    return "\n".join([first, *kept]) if rest else first
