@@ -7,7 +7,7 @@ The comments that explain a block stay in the file: a loaded query keeps only it
 line when that is a comment (its label in pg_stat_statements and pg_stat_activity) and drops
 every other line that is only a comment. The text goes to the server on every execution
 that is not yet prepared, and psycopg caches its parsing of a query only up to 4,096
-characters: the step checkpoint with the write's record riding it came to 4,239 with its
+characters: the step checkpoint with the write's record riding it came to 4,246 with its
 comments, so every write parsed it anew.
 """
 
