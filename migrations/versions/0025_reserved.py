@@ -1,0 +1,18 @@
+"""Reserved: filled in by the change that needs it.
+
+Revision ID: 0025
+Revises: 0024
+"""
+
+revision = "0025"
+down_revision = "0024"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass
