@@ -405,19 +405,6 @@ INTERNALS: tuple[Internal, ...] = (
             "dbos._error.DBOSWorkflowConflictIDError",
         ),
     ),
-    Internal(
-        name="start-run-grants",
-        uses="GRANT SELECT, INSERT, UPDATE ON dbos.workflow_status and SELECT, INSERT ON "
-        "dbos.workflow_input, in ledgerloop.grant_start_run",
-        relies_on="dbos.enqueue_workflow runs with the caller's privileges and writes only "
-        "dbos.workflow_status and dbos.workflow_input, so a role holding these grants (and "
-        "EXECUTE on the function) can enqueue a workflow and nothing more",
-        why="DBOS's documented grant (`dbos migrate -r ROLE`) gives a role all of schema dbos, "
-        "messages to any workflow included; an application role that starts runs from SQL "
-        "must not be able to send a run a message",
-        used_in=("migrations/versions/0015_input_limits_and_grants.py",),
-        tables=("workflow_status", "workflow_input"),
-    ),
 )
 
 #: DBOS SQL functions Ledgerloop calls; documented by DBOS, so not internals.

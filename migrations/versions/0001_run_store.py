@@ -1,4 +1,4 @@
-"""The run store: agent_run snapshots, agent_run_event history, tenant row-level security.
+"""The run store: agent_run snapshots and agent_run_event history, each row with its tenant.
 
 Revision ID: 0001
 Revises:
@@ -27,26 +27,8 @@ STATUSES = (
 
 def upgrade() -> None:
     statuses = ", ".join(f"'{s}'" for s in STATUSES)
-    op.execute(
-        """
-        DO $$
-        BEGIN
-          CREATE ROLE ledgerloop_tenant NOLOGIN;
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-        END $$;
-        """
-    )
-    # The migrating role must be able to SET ROLE to the tenant role (superusers always can).
-    op.execute(
-        """
-        DO $$
-        BEGIN
-          IF NOT pg_has_role(current_user, 'ledgerloop_tenant', 'MEMBER') THEN
-            EXECUTE format('GRANT ledgerloop_tenant TO %I', current_user);
-          END IF;
-        END $$;
-        """
-    )
+    # No role is created: the tenant scope is a setting that row-level security reads, and
+    # its policies are migration 0024's (installing needs no CREATEROLE).
     op.execute(
         """
         CREATE FUNCTION ledgerloop.current_tenant() RETURNS uuid
@@ -91,13 +73,3 @@ def upgrade() -> None:
         )
         """
     )
-    for table in ("agent_run", "agent_run_event"):
-        op.execute(f"ALTER TABLE ledgerloop.{table} ENABLE ROW LEVEL SECURITY")
-        op.execute(
-            f"CREATE POLICY tenant_isolation ON ledgerloop.{table} TO ledgerloop_tenant "
-            "USING (tenant_id = ledgerloop.current_tenant()) "
-            "WITH CHECK (tenant_id = ledgerloop.current_tenant())"
-        )
-        op.execute(f"GRANT SELECT, INSERT, UPDATE ON ledgerloop.{table} TO ledgerloop_tenant")
-    op.execute("GRANT USAGE ON SCHEMA ledgerloop TO ledgerloop_tenant")
-    op.execute("GRANT EXECUTE ON FUNCTION ledgerloop.current_tenant() TO ledgerloop_tenant")

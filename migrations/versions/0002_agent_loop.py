@@ -63,11 +63,4 @@ def upgrade() -> None:
         )
         """
     )
-    for table in ("agent_message", "payload"):
-        op.execute(f"ALTER TABLE ledgerloop.{table} ENABLE ROW LEVEL SECURITY")
-        op.execute(
-            f"CREATE POLICY tenant_isolation ON ledgerloop.{table} TO ledgerloop_tenant "
-            "USING (tenant_id = ledgerloop.current_tenant()) "
-            "WITH CHECK (tenant_id = ledgerloop.current_tenant())"
-        )
-        op.execute(f"GRANT SELECT, INSERT ON ledgerloop.{table} TO ledgerloop_tenant")
+    # Tenant policies: migration 0024.

@@ -170,15 +170,7 @@ def upgrade() -> None:
         """
     )
 
-    for table in ("activity_effect", "outbox"):
-        op.execute(f"ALTER TABLE ledgerloop.{table} ENABLE ROW LEVEL SECURITY")
-        op.execute(
-            f"CREATE POLICY tenant_isolation ON ledgerloop.{table} TO ledgerloop_tenant "
-            "USING (tenant_id = ledgerloop.current_tenant()) "
-            "WITH CHECK (tenant_id = ledgerloop.current_tenant())"
-        )
-        op.execute(f"GRANT SELECT, INSERT, UPDATE ON ledgerloop.{table} TO ledgerloop_tenant")
-    op.execute("GRANT USAGE ON SEQUENCE ledgerloop.outbox_id_seq TO ledgerloop_tenant")
+    # Tenant policies: migration 0024.
     # A tenant must not message workflows with a row it made up; the trigger (which cannot be
     # called directly) runs as the owner, and operators may call this to resend by hand.
     op.execute(

@@ -24,8 +24,8 @@ def upgrade() -> None:
 
 def _principal() -> None:
     # Authentication happens before any tenant scope exists, so principals are read by the
-    # owner role without row-level security. The tenant role gets no grant at all: a tenant
-    # session must never be able to read another tenant's token hashes, or even list names.
+    # owner role without row-level security. No other role gets a grant: only Ledgerloop's
+    # own processes may read token hashes, or even list names.
     op.execute(
         """
         CREATE TABLE ledgerloop.principal (
@@ -40,7 +40,7 @@ def _principal() -> None:
         """
     )
     op.execute("CREATE INDEX principal_tenant ON ledgerloop.principal (tenant_id, created_at)")
-    op.execute("REVOKE ALL ON ledgerloop.principal FROM PUBLIC, ledgerloop_tenant")
+    op.execute("REVOKE ALL ON ledgerloop.principal FROM PUBLIC")
 
 
 def _approval() -> None:
@@ -96,15 +96,8 @@ def _approval() -> None:
         "CREATE INDEX approval_tenant_requested ON ledgerloop.approval "
         "(tenant_id, requested_at DESC)"
     )
-    op.execute("ALTER TABLE ledgerloop.approval ENABLE ROW LEVEL SECURITY")
-    op.execute(
-        "CREATE POLICY tenant_isolation ON ledgerloop.approval TO ledgerloop_tenant "
-        "USING (tenant_id = ledgerloop.current_tenant()) "
-        "WITH CHECK (tenant_id = ledgerloop.current_tenant())"
-    )
-    # Read-only for tenant sessions: decisions go through approval_decide as the owner, which
-    # checks the principal, the role and the run before it writes.
-    op.execute("GRANT SELECT ON ledgerloop.approval TO ledgerloop_tenant")
+    # Tenant policy: migration 0024. Decisions go through approval_decide, which checks the
+    # principal, the role and the run before it writes.
 
 
 def _start_run() -> None:

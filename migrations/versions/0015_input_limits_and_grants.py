@@ -1,4 +1,7 @@
-"""Run inputs: one depth and size limit in start_run; a supported grant for application roles.
+"""Run inputs: one depth and size limit in start_run.
+
+(This revision also made the first grant for application roles; migration 0024 replaced it
+with one that grants start_run alone, and a fresh install now gets only that one.)
 
 Revision ID: 0015
 Revises: 0014
@@ -19,7 +22,6 @@ depends_on = None
 def upgrade() -> None:
     _input_depth()
     _start_run()
-    _grant_start_run()
 
 
 def _input_depth() -> None:
@@ -171,35 +173,3 @@ def _start_run() -> None:
         $fn$
         """
     )
-
-
-def _grant_start_run() -> None:
-    # What an application role needs to call start_run from its own transactions, and no more:
-    # its rows go through row-level security as a tenant session (membership in
-    # ledgerloop_tenant), and on schema dbos it may only enqueue. It gets no right to send
-    # workflows messages, to read principals, or to decide approvals. Run by an administrator
-    # (the role that ran the migrations); `ledgerloop db grant ROLE` calls it.
-    op.execute(
-        """
-        CREATE FUNCTION ledgerloop.grant_start_run(app_role text) RETURNS void
-        LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-        SET search_path = pg_catalog, pg_temp AS $$
-        BEGIN
-          IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = app_role) THEN
-            RAISE EXCEPTION USING
-              ERRCODE = 'LL002',
-              MESSAGE = format('ledgerloop.grant_start_run: no role %I', app_role),
-              HINT = format('create it first: CREATE ROLE %I LOGIN PASSWORD ...', app_role);
-          END IF;
-          EXECUTE format('GRANT ledgerloop_tenant TO %I', app_role);
-          EXECUTE format('GRANT USAGE ON SCHEMA ledgerloop TO %I', app_role);
-          EXECUTE format('GRANT EXECUTE ON FUNCTION ledgerloop.start_run(text, jsonb, text, '
-                         'uuid) TO %I', app_role);
-          EXECUTE format('GRANT USAGE ON SCHEMA dbos TO %I', app_role);
-          EXECUTE format('GRANT EXECUTE ON FUNCTION dbos.enqueue_workflow TO %I', app_role);
-          EXECUTE format('GRANT SELECT, INSERT, UPDATE ON dbos.workflow_status TO %I', app_role);
-          EXECUTE format('GRANT SELECT, INSERT ON dbos.workflow_input TO %I', app_role);
-        END $$
-        """
-    )
-    op.execute("REVOKE EXECUTE ON FUNCTION ledgerloop.grant_start_run(text) FROM PUBLIC")

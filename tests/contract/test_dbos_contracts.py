@@ -26,7 +26,6 @@ from ledgerloop.db.connect import Conn
 from ledgerloop.db.dbos_checkpoint import dbos_own_checkpoint
 from ledgerloop.db.sql import load_queries
 from ledgerloop.dbos_internals import internal
-from ledgerloop.runs.start import grant_start_run, start_run
 from ledgerloop.testing.postgres import DatabaseFactory, wait_until
 
 HIBERNATION = load_queries("ledgerloop.agent", "hibernation.sql")
@@ -1293,29 +1292,6 @@ def test_replay_harness() -> None:
     assert descriptor.__get__(None, DBOS) is None, broken(
         name, "outside a workflow DBOS.workflow_id read through its descriptor is not None"
     )
-
-
-def test_start_run_grants(cconn: Conn) -> None:
-    name = "start-run-grants"
-    role = f"ll_contract_{uuid.uuid4().hex[:8]}"
-    cconn.execute(f'CREATE ROLE "{role}" NOSUPERUSER NOLOGIN')  # type: ignore[arg-type]
-    try:
-        grant_start_run(cconn, role)
-        with cconn.transaction():
-            cconn.execute(f'SET LOCAL ROLE "{role}"')  # type: ignore[arg-type]
-            try:
-                run_id = start_run(cconn, agent="contract_grants", input={"message": "x"})
-            except psycopg.errors.InsufficientPrivilege as exc:
-                raise AssertionError(
-                    broken(name, f"enqueueing needs more than the grants: {exc}")
-                ) from exc
-        row = cconn.execute(
-            "SELECT status FROM dbos.workflow_status WHERE workflow_uuid = %s", (str(run_id),)
-        ).fetchone()
-        assert row is not None, broken(name, "enqueue_workflow wrote no workflow_status row")
-    finally:
-        cconn.execute(f'DROP OWNED BY "{role}"')  # type: ignore[arg-type]
-        cconn.execute(f'DROP ROLE "{role}"')  # type: ignore[arg-type]
 
 
 def test_dispatch_trigger(cconn: Conn, contract_db: str) -> None:

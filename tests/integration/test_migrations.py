@@ -146,7 +146,15 @@ def test_role_without_privileges_is_one_line_exit_2(empty_db: str) -> None:
     info = psycopg.conninfo.conninfo_to_dict(empty_db)
     url = with_database(empty_db, str(info["dbname"])).replace("postgres@", f"{role}@", 1)
     result = _cli("db", "upgrade", url=url)
-    _assert_one_clear_line(result, "refused", "permission denied", "GRANT CREATE")
+    _assert_one_clear_line(
+        result, "may not create schemas", "missing: CREATE on the database", "GRANT CREATE ON"
+    )
+    # Refused before anything was written: no schema half there.
+    with connect(empty_db, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM pg_namespace WHERE nspname IN ('dbos', 'ledgerloop')"
+        ).fetchone()
+    assert row == {"n": 0}
 
 
 def test_up_refuses_an_outdated_schema_naming_the_fix(empty_db: str) -> None:

@@ -44,9 +44,31 @@ def db_status() -> None:
 def db_grant(
     role: str = typer.Argument(..., help="An existing database role (your application's)."),
 ) -> None:
-    """Grant ROLE what SQL `ledgerloop.start_run` needs, and nothing more (run as an admin)."""
+    """Let ROLE call SQL `ledgerloop.start_run`, and nothing else (run as the schema's owner)."""
     from ledgerloop.runs.start import grant_start_run
 
     with connection() as conn:
         grant_start_run(conn, role)
-    typer.echo(f"{role} may now call ledgerloop.start_run (as a tenant session under RLS)")
+    typer.echo(f"{role} may now call ledgerloop.start_run (and no table or other function)")
+
+
+@db_cli.command("roles")
+@user_errors
+def db_roles(
+    sql: bool = typer.Option(False, "--sql", help="Print the SQL a DBA runs once."),
+    runtime_role: str | None = typer.Option(
+        None, "--for", help="The role that runs `ledgerloop up` (default: this one)."
+    ),
+) -> None:
+    """The database roles Ledgerloop needs: none for the database owner; a scope role where
+    a superuser or a BYPASSRLS role runs it (docs/security.md)."""
+    from ledgerloop.db.roles import roles_sql, scope_state
+
+    with connection() as conn:
+        if sql:
+            typer.echo(roles_sql(conn, runtime_role), nl=False)
+            return
+        state = scope_state(conn)
+    need = "needs" if state.bypasses else "does not need"
+    have = "exists" if state.present else "does not exist"
+    typer.echo(f"{state.me} {need} the scope role {state.name}, which {have}")

@@ -11,14 +11,13 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from ledgerloop.db.errors import translated
+from ledgerloop.db.errors import DatabasePrivilegeError, translated
+from ledgerloop.db.sql import load_queries
 from ledgerloop.db.url import validate_url
 
 Conn = psycopg.Connection[dict[str, Any]]
 
-#: The role tenant-scoped transactions switch to; row-level security applies to it, while the
-#: owner role that workers connect as sees every tenant (relay, reconciler, recovery).
-TENANT_ROLE = "ledgerloop_tenant"
+_SCOPE_ENTER = load_queries("ledgerloop.db", "roles.sql")["scope_enter"]
 
 
 def connect(url: str, *, autocommit: bool = False) -> Conn:
@@ -48,14 +47,28 @@ def make_pool(
 
 @contextmanager
 def tenant_scope(conn: Conn, tenant_id: uuid.UUID) -> Iterator[Conn]:
-    """A transaction that sees only `tenant_id`'s rows.
+    """A transaction that sees and writes only `tenant_id`'s rows.
 
-    The role switch and the tenant setting are both transaction-local, so a pooled connection
-    cannot leak one tenant's scope into the next borrower's transaction.
+    Every tenant table forces row-level security on every role, its owner included
+    (migration 0024): with the setting made here, its policy admits only this tenant's rows;
+    without it (workers, relay, reconciler), every row. A session the policies do not bind (a
+    superuser, BYPASSRLS) also switches to this database's scope role (db/roles.py). Both are
+    transaction-local, so a pooled connection cannot leak one tenant's scope into the next
+    borrower's transaction.
     """
-    with conn.transaction():
-        conn.execute(
-            "SELECT set_config('role', %s, true), set_config('ledgerloop.tenant_id', %s, true)",
-            (TENANT_ROLE, str(tenant_id)),
-        )
-        yield conn
+    entered = False
+    try:
+        with conn.transaction():
+            conn.execute(_SCOPE_ENTER, {"tenant": str(tenant_id)})
+            entered = True
+            yield conn
+    except psycopg.errors.InvalidParameterValue as exc:
+        if entered:
+            raise
+        raise DatabasePrivilegeError(
+            f"cannot enter tenant {tenant_id}'s scope: {str(exc).strip()}; this session "
+            "bypasses row-level security (a superuser or BYPASSRLS), so it needs this "
+            "database's scope role",
+            fix="run `ledgerloop db upgrade` as a superuser, or have a DBA run what "
+            "`ledgerloop db roles --sql` prints; or connect as the database owner",
+        ) from exc

@@ -12,6 +12,9 @@ definitions live in dbos_objects.sql, `dbos_objects_problems` says what is missi
 from them, and `dbos_objects_install` (re-)creates them all. Every function here catches its
 own errors: a trigger on DBOS's tables must never abort a statement that is not about a
 Ledgerloop run.
+
+The same check and install cover the functions' privileges: DBOS's migrations create their
+functions executable by every role, so each upgrade takes that back (`public_functions`).
 """
 
 from __future__ import annotations
@@ -108,6 +111,10 @@ def dbos_objects_problems(conn: Conn) -> list[str]:
             problems.append(f"{label} differs from this release's")
         elif found["enabled"] not in ("O", "A"):
             problems.append(f"{label} is disabled")
+    public = [row["name"] for row in conn.execute(Q["public_functions"]).fetchall()]
+    if public:
+        shown = ", ".join(public[:3]) + (f" and {len(public) - 3} more" if len(public) > 3 else "")
+        problems.append(f"every role may execute {shown}")
     return problems
 
 
@@ -120,3 +127,4 @@ def dbos_objects_install(conn: Conn) -> None:
         for trigger in TRIGGERS:
             for block in trigger.install:
                 conn.execute(Q[block])
+        conn.execute(Q["public_functions_revoke"])

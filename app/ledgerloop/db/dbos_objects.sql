@@ -124,3 +124,20 @@ DROP TRIGGER IF EXISTS ledgerloop_run_enqueued_update ON dbos.workflow_status
 CREATE TRIGGER ledgerloop_run_enqueued_update AFTER UPDATE OF status ON dbos.workflow_status
 FOR EACH ROW WHEN (NEW.status = 'ENQUEUED' AND NEW.queue_name = 'ledgerloop_runs')
 EXECUTE FUNCTION ledgerloop.notify_run_enqueued()
+
+-- name: public_functions
+-- Functions of either schema that every role may execute (PUBLIC's EXECUTE, which Postgres
+-- grants on every new function): DBOS's migrations and ours create them that way. With USAGE
+-- on schema ledgerloop an application role could then call any of them; only the roles
+-- granted a function (`ledgerloop db grant`: start_run, run_traceparent) may.
+SELECT n.nspname || '.' || p.proname AS name
+FROM pg_proc p
+JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname IN ('dbos', 'ledgerloop')
+  AND EXISTS (
+    SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+    WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+ORDER BY 1
+
+-- name: public_functions_revoke
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA dbos, ledgerloop FROM PUBLIC

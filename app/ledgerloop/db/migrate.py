@@ -24,8 +24,12 @@ from alembic.script import ScriptDirectory
 
 from ledgerloop.db.connect import Conn, connect
 from ledgerloop.db.dbos_objects import dbos_objects_install, dbos_objects_problems
-from ledgerloop.db.errors import SchemaOutdated, translated
+from ledgerloop.db.errors import DatabasePrivilegeError, SchemaOutdated, translated
+from ledgerloop.db.roles import scope_role_install, scope_state
+from ledgerloop.db.sql import load_queries
 from ledgerloop.db.url import sqlalchemy_url
+
+Q = load_queries("ledgerloop.db", "install.sql")
 
 
 def _migrations_dir() -> Path:
@@ -101,6 +105,9 @@ def schema_state(url: str) -> SchemaState:
             connect(url, autocommit=True) as conn,
         ):
             objects = dbos_objects_problems(conn)
+            if ours == _head():  # the scope role's function came with migration 0024
+                scope = scope_state(conn).problem()
+                objects += [scope] if scope else []
     return SchemaState(dbos_current, dbos_latest, ours, _head(), tuple(objects))
 
 
@@ -128,6 +135,33 @@ def _wait_for_lock(conn: Conn) -> None:
         time.sleep(0.1)
 
 
+def install_refusal(conn: Conn) -> DatabasePrivilegeError | None:
+    """Why this connection's role cannot install or upgrade the schemas, or None when it can.
+
+    Checked before anything is written: DBOS's migrations commit one by one, so a role that
+    fails half-way would leave schema dbos half there. The database owner passes (it may
+    create schemas and owns what it created); no superuser or CREATEROLE is needed.
+    """
+    row = conn.execute(Q["install_privileges"]).fetchone()
+    assert row is not None
+    me, database = row["me"], row["database"]
+    if row["missing"] and not row["may_create_schemas"]:
+        return DatabasePrivilegeError(
+            f"role {me} may not create schemas in database {database} (missing: CREATE on the "
+            f"database), so it cannot create {' and '.join(row['missing'])}",
+            fix=f"run `ledgerloop db upgrade` as the database's owner, or have it run "
+            f'GRANT CREATE ON DATABASE "{database}" TO "{me}"',
+        )
+    not_mine = [*row["schemas_not_mine"], *row["objects_not_mine"]]
+    if not_mine:
+        return DatabasePrivilegeError(
+            f"role {me} does not own {', '.join(not_mine)} (missing: ownership, which "
+            "altering them needs)",
+            fix="run `ledgerloop db upgrade` as the role that installed the schema (its owner)",
+        )
+    return None
+
+
 def upgrade(url: str) -> bool:
     """Install or upgrade DBOS's schema and ours. Returns whether anything changed."""
     from dbos import DBOS
@@ -139,6 +173,10 @@ def upgrade(url: str) -> bool:
             before = schema_state(url)
             if before.up_to_date:
                 return False
+            with translated(url, "checking the role's privileges"):
+                refusal = install_refusal(lock_conn)
+            if refusal is not None:
+                raise refusal
             if not before.migrated:
                 # DBOS logs each of its ~125 migrations at INFO; keep `db upgrade` to one line.
                 logging.getLogger("dbos").setLevel(logging.WARNING)
@@ -161,6 +199,13 @@ def upgrade(url: str) -> bool:
                 connect(url, autocommit=True) as conn,
             ):
                 dbos_objects_install(conn)
+                scope = scope_role_install(conn).problem()
+            if scope is not None:
+                raise DatabasePrivilegeError(
+                    f"the schema is installed, but {scope}",
+                    fix="have a DBA run what `ledgerloop db roles --sql` prints, then run "
+                    "`ledgerloop db upgrade` again; or run Ledgerloop as the database owner",
+                )
             return True
         finally:
             lock_conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))

@@ -119,9 +119,9 @@ def start_run(
 def grant_start_run(conn: Conn, role: str) -> None:
     """Let the database role `role` call ledgerloop.start_run from its own transactions.
 
-    Runs `ledgerloop.grant_start_run(role)` (migration 0015), as an administrator: the role
-    becomes a tenant session under row-level security and may enqueue DBOS workflows, and
-    nothing more (docs/sql_start_run.md, "Privileges"). Raises UnknownRole.
+    Runs `ledgerloop.grant_start_run(role)` (migration 0024) as the schema's owner: the role
+    may call `start_run` (SECURITY DEFINER) and `run_traceparent`, and nothing else in
+    either schema (docs/security.md). Raises UnknownRole.
     """
     with sqlstate_translated():
         conn.execute("SELECT ledgerloop.grant_start_run(%(role)s)", {"role": role})

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from psycopg.rows import dict_row
 
 from ledgerloop.db.cluster import LocalCluster
 from ledgerloop.db.migrate import upgrade
@@ -98,14 +99,37 @@ class DatabaseFactory:
         name = f"ll_{self._tag}_{next(self._counter)}"
         template = f' TEMPLATE "{self.template}"' if migrated else ""
         self._execute(f'CREATE DATABASE "{name}"{template}')
-        return with_database(self.admin_url, name)
+        url = with_database(self.admin_url, name)
+        if migrated:
+            # The scope role is named for its database (db/roles.py): a clone needs its own.
+            from ledgerloop.db.roles import scope_role_install
+
+            with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+                scope_role_install(conn)
+        return url
 
     def drop(self, url: str) -> None:
         name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        role = _scope_role(url)
         self._execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if role is not None:
+            self._execute(f'DROP ROLE IF EXISTS "{role}"')
 
     def close(self) -> None:
-        self._execute(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+        self.drop(with_database(self.admin_url, self.template))
+
+
+def _scope_role(url: str) -> str | None:
+    """The scope role a database's upgrade may have created, so dropping it leaves no role."""
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT ledgerloop.scope_role() WHERE to_regprocedure('ledgerloop.scope_role()') "
+                "IS NOT NULL"
+            ).fetchone()
+    except psycopg.Error:
+        return None
+    return str(row[0]) if row else None
 
 
 def wait_until(
