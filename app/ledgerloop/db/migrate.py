@@ -162,6 +162,11 @@ def install_refusal(conn: Conn) -> DatabasePrivilegeError | None:
     return None
 
 
+def _refusal(url: str, conn: Conn) -> DatabasePrivilegeError | None:
+    with translated(url, "checking the role's privileges"):
+        return install_refusal(conn)
+
+
 def upgrade(url: str) -> bool:
     """Install or upgrade DBOS's schema and ours. Returns whether anything changed."""
     from dbos import DBOS
@@ -170,11 +175,17 @@ def upgrade(url: str) -> bool:
         with translated(url, "taking the migration lock"):
             _wait_for_lock(lock_conn)
         try:
-            before = schema_state(url)
+            try:
+                before = schema_state(url)
+            except DatabasePrivilegeError as exc:
+                # A role that may not even read the schema: name what it lacks, if we can.
+                refusal = _refusal(url, lock_conn)
+                if refusal is None:
+                    raise
+                raise refusal from exc
             if before.up_to_date:
                 return False
-            with translated(url, "checking the role's privileges"):
-                refusal = install_refusal(lock_conn)
+            refusal = _refusal(url, lock_conn)
             if refusal is not None:
                 raise refusal
             if not before.migrated:
