@@ -192,6 +192,19 @@ INTERNALS: tuple[Internal, ...] = (
         tables=("workflow_status",),
     ),
     Internal(
+        name="workflow-input",
+        uses="reads dbos.workflow_input.inputs in `ledgerloop runs stuck` (fleet/queries.sql "
+        "runs_stuck): the run id a ledgerloop_run workflow in ERROR was started with",
+        relies_on="a workflow's inputs are one row of dbos.workflow_input keyed by "
+        "workflow_uuid, and inputs enqueued from SQL (portable JSON) read "
+        '{"positionalArgs": [...], ...}',
+        why="a second workflow of a run is found by the run id its inputs name, in the same "
+        "query as the other stuck runs; DBOS's list_workflows would load and decode every "
+        "failed workflow's inputs in Python",
+        used_in=("app/ledgerloop/fleet/queries.sql",),
+        tables=("workflow_input",),
+    ),
+    Internal(
         name="adopt-version",
         uses="UPDATE dbos.workflow_status SET application_version (and, for a PENDING run of "
         "a dead worker, what resume_workflows sets), guarded by max(function_id) FROM "

@@ -27,7 +27,7 @@ from ledgerloop.db.connect import connect
 from ledgerloop.effects.ledger import effect_begin
 from ledgerloop.effects.messages import DeliveryRequest
 from ledgerloop.effects.relay import RelayConfig
-from ledgerloop.effects.testing import RelayThread
+from ledgerloop.effects.testing import RelayThread, act_event
 from ledgerloop.runs.start import start_run
 from ledgerloop.runtime import Runtime
 from ledgerloop.services import relay_service
@@ -149,6 +149,7 @@ def _pending_effects(url: str, n: int) -> list[str]:
         for i in range(n):
             run_id = start_run(conn, agent="ops", input={"message": f"r{i}"})
             key = f"{run_id}:toolu_bench"
+            act_event(conn, run_id, key, call_id="toolu_bench")
             effect_begin(
                 conn,
                 key=key,
@@ -184,6 +185,7 @@ def measure_relay(url: str) -> dict[str, float]:
             for i in range(LATENCY_N):
                 run_id = start_run(conn, agent="ops", input={"message": f"l{i}"})
                 key = f"{run_id}:toolu_lat"
+                act_event(conn, run_id, key, call_id="toolu_lat")
                 t0 = time.perf_counter()
                 effect_begin(
                     conn,

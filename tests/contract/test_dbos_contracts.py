@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -29,6 +30,7 @@ from ledgerloop.dbos_internals import internal
 from ledgerloop.testing.postgres import DatabaseFactory, wait_until
 
 HIBERNATION = load_queries("ledgerloop.agent", "hibernation.sql")
+FLEET = load_queries("ledgerloop.fleet")
 WAITER = "ll_contract_waiter"
 #: The contract workflows' executions waiting in recv, by workflow id.
 _WAITING: dict[str, asyncio.Task[Any]] = {}
@@ -1292,6 +1294,27 @@ def test_replay_harness() -> None:
     assert descriptor.__get__(None, DBOS) is None, broken(
         name, "outside a workflow DBOS.workflow_id read through its descriptor is not None"
     )
+
+
+def test_workflow_input(cconn: Conn) -> None:
+    name = "workflow-input"
+    # The pattern runs_stuck reads a run id from a workflow's inputs with, as it stands.
+    found = re.search(r"substring\(i\.inputs FROM ('[^']*')\)", FLEET["runs_stuck"])
+    assert found is not None
+    pattern = found.group(1)[1:-1]  # the literal's text: no quote or backslash to undo
+    run_id, stray = str(uuid.uuid4()), f"ll-contract-{uuid.uuid4()}"
+    cconn.execute(
+        "SELECT dbos.enqueue_workflow('ll_contract_never', 'll_contract_none', "
+        "ARRAY[to_json(%s::text)], workflow_id => %s)",
+        (run_id, stray),
+    )
+    row = cconn.execute(
+        "SELECT substring(i.inputs FROM %s) AS run "
+        "FROM dbos.workflow_input i WHERE i.workflow_uuid = %s",
+        (pattern, stray),
+    ).fetchone()
+    assert row is not None, broken(name, "no dbos.workflow_input row for an enqueued workflow")
+    assert row["run"] == run_id, broken(name, f"its inputs do not name the run: {row}")
 
 
 def test_dispatch_trigger(cconn: Conn, contract_db: str) -> None:

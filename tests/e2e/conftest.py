@@ -19,6 +19,7 @@ from ledgerloop.config import DEFAULT_TENANT
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.hashing import request_hash
 from ledgerloop.effects.ledger import Effect, effect_begin
+from ledgerloop.effects.testing import act_event
 from ledgerloop.http.app import create_app
 from ledgerloop.http.server import listen, run_server
 from ledgerloop.runs.start import start_run
@@ -140,6 +141,7 @@ def parked_effect(conn: Conn, *, tenant: uuid.UUID = DEFAULT_TENANT) -> Effect:
     destination can neither be asked nor safely resent to)."""
     run_id = start_run(conn, agent="ops", input={"message": "open a ticket"}, tenant_id=tenant)
     args = {"title": "Disk full"}
+    act_event(conn, run_id, f"{run_id}:c1", call_id="c1")
     effect = effect_begin(
         conn,
         key=f"{run_id}:c1",

@@ -29,7 +29,7 @@ from ledgerloop.effects.messages import EffectStatus, OutboxStatus
 from ledgerloop.effects.outbox import connect_async, outbox_claim
 from ledgerloop.effects.reconciler import Reconciler, reconcile_once, run_reconciler
 from ledgerloop.effects.relay import RelayConfig
-from ledgerloop.effects.testing import drain_outbox, messages_for, workflow_row
+from ledgerloop.effects.testing import act_event, drain_outbox, messages_for, workflow_row
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.store import run_create
 from ledgerloop.testing.postgres import wait_until
@@ -70,6 +70,7 @@ def destinations(service: TicketServiceThread) -> dict[str, str]:
 def begin(conn: Conn, kind: dict[str, Any], **overrides: Any) -> Effect:
     run_id = run_create(conn, agent="ops", input={})[0].id
     workflow_row(conn, run_id)
+    act_event(conn, run_id, f"{run_id}:call-1")
     request = {**kind, "body": BODY, **overrides}
     return effect_begin(
         conn,

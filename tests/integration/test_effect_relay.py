@@ -20,7 +20,13 @@ from ledgerloop.effects.ledger import Effect, compensation_begin, effect_begin, 
 from ledgerloop.effects.messages import EffectStatus, OutboxStatus
 from ledgerloop.effects.outbox import Outcome, connect_async, outbox_claim, outbox_record
 from ledgerloop.effects.relay import RelayConfig
-from ledgerloop.effects.testing import RelayThread, drain_outbox, messages_for, workflow_row
+from ledgerloop.effects.testing import (
+    RelayThread,
+    act_event,
+    drain_outbox,
+    messages_for,
+    workflow_row,
+)
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.store import run_create
 from ledgerloop.testing.postgres import wait_until
@@ -71,6 +77,7 @@ def begin(
 ) -> Effect:
     run_id = run_create(conn, agent="ops", input={})[0].id
     workflow_row(conn, run_id)
+    act_event(conn, run_id, f"{run_id}:call-1")
     request = kind_request(kind, **overrides)
     return effect_begin(
         conn,

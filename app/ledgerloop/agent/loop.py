@@ -44,6 +44,7 @@ from ledgerloop.agent.primitives import (
 )
 from ledgerloop.agent.stepping import QUEUE_NAME, WORKFLOW_NAME
 from ledgerloop.agent.tracing import count_call
+from ledgerloop.errors import LedgerloopError
 from ledgerloop.faults import hit
 from ledgerloop.fleet.guard import executing
 from ledgerloop.runs.states import RunStatus
@@ -54,8 +55,23 @@ from ledgerloop.telemetry.runtrace import RunFacts, under_root
 __all__ = ["QUEUE_NAME", "WORKFLOW_NAME", "ledgerloop_run", "run_turns"]
 
 
+class ForeignWorkflow(LedgerloopError):
+    """A workflow of a run started under an id other than the run's own: it does nothing."""
+
+
 @DBOS.workflow(name=WORKFLOW_NAME)
 async def ledgerloop_run(run_id: str) -> dict[str, Any]:
+    # A run executes only under its own workflow id: approvals, effects and their messages
+    # are addressed to that id, and the fence judges ownership by it. A second workflow of
+    # the same run (enqueued by hand, or by a role that could write DBOS's tables) would
+    # pay for the run's model calls again; it ends here, before any step, in ERROR, where
+    # `ledgerloop runs stuck` lists it.
+    if DBOS.workflow_id != run_id:
+        raise ForeignWorkflow(
+            f"workflow {DBOS.workflow_id} is not run {run_id}'s own workflow (whose id is the "
+            "run's); it ran nothing",
+            fix="start runs with ledgerloop.start_run, POST /v1/runs or `ledgerloop runs start`",
+        )
     # Known to the fence, so a stopping worker can end this execution between steps.
     with executing():
         return await _execute(run_id)

@@ -172,6 +172,13 @@ class Deliverer(Protocol):
         ...
 
 
+#: Why an outbox row was refused: the relay sends only what a run's own step recorded.
+UNVOUCHED = (
+    "refused unsent: no act step of its run recorded this effect (or its call's approval "
+    "does not grant exactly this action)"
+)
+
+
 async def outbox_claim(conn: AConn, *, limit: int, lease_margin_s: float) -> list[Claimed]:
     """Claim up to `limit` due rows and commit `started` on their effects (one statement)."""
     cursor = await conn.execute(
@@ -179,7 +186,15 @@ async def outbox_claim(conn: AConn, *, limit: int, lease_margin_s: float) -> lis
     )
     rows = await cursor.fetchall()
     now = time.monotonic()
-    orphans = [row["id"] for row in rows if not row["started"]]
+    refused = [row["id"] for row in rows if not row["vouched"]]
+    if refused:
+        log.warning(
+            "relay refused %d outbox row(s) no run vouches for (keys %s): never sent",
+            len(refused),
+            ", ".join(row["idempotency_key"] for row in rows if not row["vouched"]),
+        )
+        await conn.execute(Q["outbox_refuse"], {"ids": refused, "error": UNVOUCHED})
+    orphans = [row["id"] for row in rows if row["vouched"] and not row["started"]]
     if orphans:
         await conn.execute(
             Q["outbox_close_orphans"],

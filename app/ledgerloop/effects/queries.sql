@@ -201,6 +201,12 @@ WHERE status IN ('started', 'outcome_unknown')
 -- name: outbox_claim
 -- The relay's claim, in one statement: take due rows (SKIP LOCKED, so relays share the work),
 -- lease them, and commit `started` on their effects before any call goes out.
+-- Only a row its run vouches for is started: its effect has the same key, tenant and
+-- destination; the run's journal holds the event its act step records with the effect (in
+-- the same transaction: 'executing', naming the key; a compensation, the key it undoes);
+-- and when that call was put to a person, an approval of exactly this action (run, call,
+-- request hash) was granted. Rows written any other way (by hand, by a role that could
+-- write the tables, by a bug) are never sent (outbox_refuse).
 WITH picked AS (
   SELECT id
   FROM ledgerloop.outbox
@@ -216,20 +222,58 @@ WITH picked AS (
         secs => (o.request->>'timeout_ms')::float8 / 1000 + %(lease_margin_s)s)
   FROM picked
   WHERE o.id = picked.id
-  RETURNING o.id, o.idempotency_key, o.destination, o.request, o.attempts, o.lease_until,
-            extract(epoch FROM o.deadline_at - now())::float8 AS deadline_in_s
+  RETURNING o.id, o.idempotency_key, o.tenant_id, o.destination, o.request, o.attempts,
+            o.lease_until, extract(epoch FROM o.deadline_at - now())::float8 AS deadline_in_s
+), vouched AS (
+  SELECT c.id
+  FROM claimed c
+  JOIN ledgerloop.activity_effect e ON e.idempotency_key = c.idempotency_key
+  JOIN LATERAL (
+    SELECT ev.payload->>'tool_call_id' AS call_id
+    FROM ledgerloop.agent_run_event ev
+    WHERE ev.run_id = e.run_id AND ev.tenant_id = e.tenant_id
+      AND ev.event_type = 'executing'
+      AND ev.payload->>'idempotency_key' = coalesce(e.compensates, e.idempotency_key)
+    LIMIT 1
+  ) step ON true
+  WHERE e.tenant_id = c.tenant_id AND e.destination = c.destination
+    AND (e.compensates IS NOT NULL
+         OR NOT EXISTS (
+           SELECT 1 FROM ledgerloop.approval a
+           WHERE a.run_id = e.run_id AND a.tool_call_id = step.call_id)
+         OR EXISTS (
+           SELECT 1 FROM ledgerloop.approval a
+           WHERE a.run_id = e.run_id AND a.tool_call_id = step.call_id
+             AND a.tenant_id = e.tenant_id AND a.action_hash = e.request_hash
+             AND a.status = 'approved'))
 ), started AS (
   UPDATE ledgerloop.activity_effect e
   SET status = 'started', attempts = e.attempts + 1, lease_until = c.lease_until,
       updated_at = now()
   FROM claimed c
   WHERE e.idempotency_key = c.idempotency_key AND e.status = 'pending'
+    AND c.id IN (SELECT id FROM vouched)
   RETURNING e.idempotency_key, e.attempts, e.compensates
 )
 SELECT c.id, c.idempotency_key, c.destination, c.request, c.attempts, c.deadline_in_s,
-       s.attempts AS effect_attempts, s.compensates, s.idempotency_key IS NOT NULL AS started
+       s.attempts AS effect_attempts, s.compensates, s.idempotency_key IS NOT NULL AS started,
+       c.id IN (SELECT id FROM vouched) AS vouched
 FROM claimed c
 LEFT JOIN started s USING (idempotency_key)
+
+-- name: outbox_refuse
+-- Outbox rows no run vouches for (outbox_claim): never sent. Their effects, if any, fail
+-- with the reason, so nothing stays pending and an operator finds them (`effects list`).
+WITH closed AS (
+  UPDATE ledgerloop.outbox
+  SET status = 'dead', lease_until = NULL, last_error = %(error)s
+  WHERE id = ANY(%(ids)s)
+  RETURNING idempotency_key
+)
+UPDATE ledgerloop.activity_effect e
+SET status = 'failed', error = %(error)s, updated_at = now()
+FROM closed
+WHERE e.idempotency_key = closed.idempotency_key AND e.status = 'pending'
 
 -- name: outbox_close_orphans
 -- Outbox rows whose effect was not pending when claimed (changed by hand): never send them.

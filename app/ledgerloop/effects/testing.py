@@ -1,6 +1,7 @@
 """Helpers for tests of code that writes effects (ours, and a user's own).
 
 - `workflow_row`: the DBOS workflow row a run's messages go to, without running DBOS.
+- `act_event`: the event an act step records with its effect, so the relay will send it.
 - `messages_for`: the effect messages sent to a run, as the workflow would receive them.
 - `drain_outbox`: deliver everything pending now, synchronously.
 - `RelayThread`: the relay service on a background thread, with its test signals.
@@ -24,6 +25,22 @@ def workflow_row(conn: Conn, run_id: uuid.UUID) -> None:
         "SELECT dbos.enqueue_workflow('ledgerloop_run', 'ledgerloop_runs', "
         "ARRAY[to_json(%(id)s::text)], workflow_id => %(id)s)",
         {"id": str(run_id)},
+    )
+
+
+def act_event(conn: Conn, run_id: uuid.UUID, key: str, *, call_id: str = "call-1") -> None:
+    """Record the run's event that an act step commits with its effect (`executing`, naming
+    the key): the relay sends only effects a run vouches for so (effects/queries.sql,
+    outbox_claim). For tests that write effects without running the act step."""
+    conn.execute(
+        "INSERT INTO ledgerloop.agent_run_event (run_id, tenant_id, sequence, event_type, "
+        "payload, step) "
+        "SELECT r.id, r.tenant_id, coalesce(max(e.sequence), 0) + 1, 'executing', "
+        "jsonb_build_object('tool_call_id', %(call)s::text, 'idempotency_key', %(key)s::text), "
+        "'tool-test-' || %(call)s "
+        "FROM ledgerloop.agent_run r LEFT JOIN ledgerloop.agent_run_event e ON e.run_id = r.id "
+        "WHERE r.id = %(run)s GROUP BY r.id, r.tenant_id",
+        {"run": run_id, "key": key, "call": call_id},
     )
 
 

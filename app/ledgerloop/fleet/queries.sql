@@ -200,7 +200,8 @@ ORDER BY e.started_at, e.id
 -- Runs that need a look: the run and its workflow disagree (for %(stale_s)s: every run's end
 -- commits its status inside its last step, a moment before DBOS closes the workflow), or the
 -- workflow is PENDING under a worker that is not alive (no row, or silent for %(stale_s)s),
--- or ENQUEUED for an application version no live worker runs.
+-- or ENQUEUED for an application version no live worker runs; and workflows of a run under an
+-- id other than the run's own.
 SELECT r.id AS run_id, r.tenant_id, r.agent, r.status AS run_status, r.updated_at,
        w.status AS workflow_status, w.executor_id, w.application_version,
        CASE
@@ -232,7 +233,19 @@ WHERE w.workflow_uuid IS NULL
          SELECT 1 FROM ledgerloop.executor l
          WHERE l.application_version = w.application_version
            AND l.heartbeat_at >= now() - make_interval(secs => %(stale_s)s)))
-ORDER BY r.created_at
+UNION ALL
+-- A second workflow of a run, under another id: it ran nothing and ended in ERROR
+-- (agent/loop.py, ForeignWorkflow); the run is found by the id its input names. Through the
+-- status index, so the scan is over failed workflows only.
+SELECT r.id, r.tenant_id, r.agent, r.status, r.updated_at, w.status, w.executor_id,
+       w.application_version,
+       'a second workflow of the run, ' || w.workflow_uuid || ', refused to run'
+FROM dbos.workflow_status w
+JOIN dbos.workflow_input i ON i.workflow_uuid = w.workflow_uuid
+JOIN ledgerloop.agent_run r
+  ON r.id::text = substring(i.inputs FROM '"positionalArgs"\s*:\s*\[\s*"([0-9a-f-]{36})"')
+WHERE w.status = 'ERROR' AND w.name = 'ledgerloop_run' AND w.workflow_uuid <> r.id::text
+ORDER BY updated_at
 LIMIT %(limit)s
 
 -- name: queue_claim
