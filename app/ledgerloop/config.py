@@ -121,7 +121,10 @@ class Settings(BaseSettings):
     model_refusal_max_wait_s: float = Field(default=60.0, ge=0, le=3600)
 
     # Budgets: constants counted per run, never requests in a prompt.
+    #: Model turns per run: every think of the run's agents and of its child episodes.
     max_iterations: int = Field(default=8, ge=1, le=1000)
+    #: Input plus output tokens per run, over the same calls (agent/budgets.py).
+    max_run_tokens: int = Field(default=2_000_000, ge=1)
     max_rejected_answers: int = Field(default=3, ge=0, le=100)
     run_deadline_s: float = Field(default=3600.0, gt=0)
     payload_offload_bytes: int = Field(default=64 * 1024, ge=1024)

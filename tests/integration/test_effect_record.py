@@ -38,6 +38,8 @@ from ledgerloop.runs.store import RunNotFound, RunStopped, run_ensure_status
 
 BODY = {"title": "disk full", "body": "clean up", "priority": "normal"}
 REQUEST = DeliveryRequest(path="/idempotent/tickets", body=BODY, honours_idempotency=True)
+#: The runs' tenant (start_run's default).
+TENANT = uuid.UUID(int=0)
 
 
 def _hash(body: dict[str, Any] = BODY) -> str:
@@ -50,6 +52,8 @@ def _record(
     step: str = "tool-0-c1",
     body: dict[str, Any] = BODY,
     approval_id: uuid.UUID | None = None,
+    call_id: str = "c1",
+    tenant_id: uuid.UUID = TENANT,
 ) -> tuple[Effect, Claim | None]:
     """One record through a real relay (its event loop, its connection), as an act step
     makes it."""
@@ -62,10 +66,11 @@ def _record(
                     pool,
                     step=step,
                     payload={"tool_call_id": "c1"},
+                    tool_call_id=call_id,
                     approval_id=approval_id,
-                    key=idempotency_key(str(run_id), "c1"),
+                    key=idempotency_key(str(run_id), call_id),
                     run_id=run_id,
-                    tenant_id=uuid.UUID(int=0),
+                    tenant_id=tenant_id,
                     tool="write_ticket",
                     request_hash=_hash(body),
                     destination="tickets",
@@ -217,6 +222,39 @@ def test_a_write_its_approval_does_not_allow_writes_nothing(
     assert rows["effects"] == []
     assert rows["outbox"] == []
     assert rows["run"][0]["status"] == "awaiting_approval"
+
+
+@pytest.mark.parametrize("other", ["call", "run", "tenant"])
+def test_an_approval_allows_only_the_call_it_was_asked_for(
+    conn: Conn, db_url: str, other: str
+) -> None:
+    """The hash says what the action is, not who takes it: the same action for another call,
+    another run or another tenant is refused (migration 0025), with what did not match."""
+    granted_run = _run_in(conn, RunStatus.AWAITING_APPROVAL)
+    approval_id = _approval(conn, granted_run, _hash(), "approve")
+    run_id, call_id, tenant = granted_run, "c1", uuid.UUID(int=0)
+    if other == "call":
+        call_id = "c2"
+    elif other == "run":
+        run_id = _run_in(conn, RunStatus.AWAITING_APPROVAL)
+    else:
+        tenant = uuid.UUID(int=7)
+    expected = {
+        "call": f"was granted for run {granted_run} call c1, not run {run_id} call c2",
+        "run": f"was granted for run {granted_run} call c1, not run {run_id} call c1",
+        "tenant": f"was granted for tenant {uuid.UUID(int=0)}, not tenant {tenant}",
+    }[other]
+    with pytest.raises(NotGranted) as refused:
+        _record(db_url, run_id, approval_id=approval_id, call_id=call_id, tenant_id=tenant)
+    assert refused.value.problem == f"approval {approval_id} {expected}"
+    for run in {granted_run, run_id}:
+        rows = _rows(conn, run)
+        assert rows["effects"] == []
+        assert rows["outbox"] == []
+        assert rows["run"][0]["status"] == "awaiting_approval"
+    # Its own call still may run: the refusals spent nothing.
+    effect, _ = _record(db_url, granted_run, approval_id=approval_id)
+    assert effect.status is EffectStatus.STARTED
 
 
 def test_a_record_after_its_relay_stopped_is_transient_and_opens_nothing(db_url: str) -> None:

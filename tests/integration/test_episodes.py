@@ -305,3 +305,92 @@ def test_cancelling_a_run_cancels_its_episode(
     # The episode stops with its run: no more turns paid for a run nobody waits for.
     assert _child(conn, run_id)["status"] == "CANCELLED"
     assert wait_terminal(conn, run_id).status is RunStatus.CANCELLED
+
+
+# -- the run's budgets: a child spends them, and the parent sees what it used --------------
+
+#: Four reads, then an answer, for the child; one answer for the parent's own turn.
+SPENDING_SCRIPT = """
+conversations:
+  - match: "PARENT TURN"
+    turns:
+      - text: "the parent's own turn"
+        output_tokens: OUT
+default:
+  turns:
+    - tool_use: {name: list_dir, input: {path: .}}
+      output_tokens: OUT
+    - tool_use: {name: list_dir, input: {path: logs}}
+      output_tokens: OUT
+    - tool_use: {name: list_dir, input: {path: .}}
+      output_tokens: OUT
+    - tool_use: {name: list_dir, input: {path: logs}}
+      output_tokens: OUT
+    - text: '{"cause": "pool exhausted", "severity": "high"}'
+      output_tokens: OUT
+"""
+
+
+def _spending_run(conn: Conn) -> uuid.UUID:
+    return start_run(conn, agent="episode_spending_parent", input={"message": "why?"})
+
+
+def _asked_by_parent(model: ScriptedModelServer) -> int:
+    return sum("PARENT TURN" in json.dumps(r["request"]["messages"][0]) for r in model.requests())
+
+
+def test_a_child_spends_the_runs_iterations_and_cannot_outspend_them(
+    conn: Conn, scripted_model: Callable[[str], ScriptedModelServer], worker: Any
+) -> None:
+    """The run may take 3 model turns: the child (its own budget allows 10) takes the 3 and
+    ends for the run's budget, and the parent's own turn is refused before the model is
+    asked: the run fails with iteration_cap."""
+    model = scripted_model(SPENDING_SCRIPT.replace("OUT", "10"))
+    worker(model.url, relay=False, agent_modules=MODULES, max_iterations=3)
+    run = wait_terminal(conn, _spending_run(conn))
+    assert (run.status, run.state.get("reason")) == (RunStatus.FAILED, "iteration_cap"), run.state
+    assert run.state["max_iterations"] == 3
+    assert run.state["spent"]["turns"] == 3
+    assert len(model.requests()) == 3
+    assert _asked_by_parent(model) == 0
+    assert _child(conn, run.id)["status"] == "SUCCESS"  # the child ended; the parent decided
+
+
+def test_a_child_spends_the_runs_tokens_and_cannot_outspend_them(
+    conn: Conn, scripted_model: Callable[[str], ScriptedModelServer], worker: Any
+) -> None:
+    """8,000 tokens for the run, 5,000 output tokens a turn: the child's second turn crosses
+    the budget (checked before each call, so that call is the last), and nothing more is
+    asked, of the child or of the parent."""
+    model = scripted_model(SPENDING_SCRIPT.replace("OUT", "5000"))
+    worker(model.url, relay=False, agent_modules=MODULES, max_run_tokens=8000)
+    run = wait_terminal(conn, _spending_run(conn))
+    assert (run.status, run.state.get("reason")) == (RunStatus.FAILED, "token_budget"), run.state
+    assert run.state["max_run_tokens"] == 8000
+    spent = run.state["spent"]
+    assert spent["turns"] == 2
+    assert spent["output_tokens"] == 10_000
+    assert spent["input_tokens"] > 0
+    assert len(model.requests()) == 2
+    assert _asked_by_parent(model) == 0
+
+
+def test_the_parent_sees_the_turns_and_tokens_its_child_used(
+    conn: Conn, scripted_model: Callable[[str], ScriptedModelServer], worker: Any
+) -> None:
+    model = scripted_model(SPENDING_SCRIPT.replace("OUT", "100"))
+    worker(model.url, relay=False, agent_modules=MODULES)
+    run = wait_terminal(conn, _spending_run(conn))
+    assert run.status is RunStatus.SUCCEEDED, run.state
+    assert run.state["episode"] == {"finding": {"cause": "pool exhausted", "severity": "high"}}
+    after_episode = run.state["after_episode"]
+    assert after_episode["turns"] == 5
+    assert after_episode["output_tokens"] == 500
+    assert after_episode["input_tokens"] > 0
+    # Then the parent's own turn, counted on top of the child's.
+    assert run.state["parent_said"] == "the parent's own turn"
+    spent = run.state["spent"]
+    assert spent["turns"] == 6
+    assert spent["output_tokens"] == 600
+    assert spent["input_tokens"] > after_episode["input_tokens"]
+    assert len(model.requests()) == 6

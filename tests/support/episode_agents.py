@@ -1,5 +1,7 @@
 """A parent that runs one child episode with the budget its input names, and ends the run
-with the proposal or with the episode's typed error (tests read the run's state)."""
+with the proposal or with the episode's typed error (tests read the run's state); and a
+parent that takes a model turn of its own after its episode, as a user's could, to show
+whose budget the child spends."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from ledgerloop.agent.episodes import (
     run_episode,
 )
 from ledgerloop.agent.orchestration import orchestration
-from ledgerloop.agent.primitives import finish, memory_save
+from ledgerloop.agent.primitives import finish, memory_save, think
 from ledgerloop.examples.investigate import DATA_ROOT
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.tools.files import file_tools
@@ -59,5 +61,45 @@ async def parent(run: RunContext) -> dict[str, Any]:
         }
         return await finish(run, RunStatus.FAILED, "episode_ended", details)
     payload = {"finding": finding.model_dump()}
+    await memory_save(run, 0, [], RunStatus.SUCCEEDED, "succeeded", payload)
+    return {"status": "succeeded", **payload}
+
+
+SPENDING_PARENT = register_agent(
+    Agent(
+        name="episode_spending_parent",
+        system="Say what you make of the finding.",
+        tools=(),
+        # The parent's own conversation, told apart by the scripted model from the child's.
+        first_message=lambda run_input: f"PARENT TURN {json.dumps(run_input)}",
+    )
+)
+
+
+@orchestration(SPENDING_PARENT)
+async def spending_parent(run: RunContext) -> dict[str, Any]:
+    """The episode (with its own generous budget), then one turn of the parent's own: both
+    spend the run's turns and tokens. What the run spent is in its state."""
+    asked = json.loads(run.messages[-1]["content"].removeprefix("PARENT TURN "))
+    episode: dict[str, Any]
+    try:
+        finding = await run_episode(
+            run,
+            READER,
+            {"message": asked["message"]},
+            output=Finding,
+            budget=EpisodeBudget(turns=10),
+        )
+        episode = {"finding": finding.model_dump()}
+    except EpisodeError as exc:
+        episode = {"reason": exc.reason, "spent": exc.spent.as_json()}
+    after_episode = run.spent.as_json()
+    thought = await think(run, 0)
+    payload = {
+        "episode": episode,
+        "after_episode": after_episode,
+        "parent_said": thought.text,
+        "spent": run.spent.as_json(),
+    }
     await memory_save(run, 0, [], RunStatus.SUCCEEDED, "succeeded", payload)
     return {"status": "succeeded", **payload}

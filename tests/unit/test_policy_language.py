@@ -1,9 +1,10 @@
 """The policy's condition language and summary templates: what they decide, and the errors a
-bad one gets when the policy loads (naming the file and the exact field) or the worker starts
-(naming the policy field and the tool's arguments)."""
+bad one gets when the policy loads (naming the file, its line and the exact field) or the
+worker starts (naming the policy field, its line and the tool's arguments, once)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +137,66 @@ def test_a_bad_rule_names_the_file_and_the_field(
     tmp_path: Path, rules: dict[str, Any], field: str, problem: str
 ) -> None:
     message = _error(tmp_path, rules)
-    assert f"{tmp_path / 'tool_policy.yaml'}: {field}: " in message
+    assert _named_line(tmp_path / "tool_policy.yaml", field, message)
     assert problem in message
     assert "docs/policy.md" in message
+
+
+def _named_line(path: Path, field: str, message: str) -> str:
+    """The line `FILE:LINE: FIELD: ` names, which must hold the deepest key of `field` that
+    the file has (a missing key: the one above it), or the list item it ends with."""
+    found = re.search(rf"{re.escape(str(path))}:(\d+): {re.escape(field)}: ", message)
+    assert found, message
+    line = path.read_text().splitlines()[int(found.group(1)) - 1]
+    keys = [k for k in re.split(r"[.\[\]]", field) if k and not k.isdigit()]
+    item = field.endswith("]") and line.lstrip().startswith("- ")
+    assert item or any(f"{key}:" in line for key in keys[-2:]), (line, field)
+    return line
+
+
+#: A hand-written file, so the lines are known.
+_CONDITION_FILE = """\
+version: v1
+tools:
+  refund:
+    requires_approval:
+      when:
+        all:
+          - field: amount_cents
+            gte: 5000
+          - field: customer.country
+            in: XX
+    summary: "Refund {amount_cents}"
+"""
+
+
+def test_a_bad_condition_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "tool_policy.yaml"
+    path.write_text(_CONDITION_FILE)
+    with pytest.raises(ConfigError) as info:
+        load_policy(path)
+    assert info.value.one_line().startswith(
+        f"{path}:10: tools.refund.requires_approval.when.all[1].in: in takes a non-empty list"
+    )
+
+
+def test_a_path_the_tool_lacks_names_its_line_once_for_every_agent_sharing_the_tool(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "tool_policy.yaml"
+    path.write_text(_CONDITION_FILE.replace("in: XX", "in: [XX]").replace("customer.", "buyer."))
+    policy = load_policy(path)
+    # Two agents with the same tool: one entry, one mistake, one line about it.
+    other = Agent(name="refunder_too", system="", tools=REFUNDER.tools)
+    registered = {"refunder": REFUNDER, "refunder_too": other}
+    with pytest.raises(ConfigError) as info:
+        check_policy_tools(policy, policy_file="p.yaml", registered=registered)
+    message = info.value.one_line()
+    assert message.startswith(
+        "p.yaml:9: tools.refund.requires_approval.when.all[1].field: 'buyer.country' is not "
+        "an argument of tool refund"
+    ), message
+    assert message.count("is not an argument") == 1, message
 
 
 def test_a_condition_on_an_argument_the_tool_lacks_stops_the_worker(tmp_path: Path) -> None:
@@ -152,7 +210,9 @@ def test_a_condition_on_an_argument_the_tool_lacks_stops_the_worker(tmp_path: Pa
     with pytest.raises(ConfigError) as info:
         check_policy_tools(policy, policy_file="p.yaml", registered={"refunder": REFUNDER})
     message = info.value.one_line()
-    assert "p.yaml: tools.refund.requires_approval.when.any[1].field: 'amount'" in message
+    assert re.search(
+        r"p\.yaml:\d+: tools\.refund\.requires_approval\.when\.any\[1\]\.field: 'amount'", message
+    )
     assert "RefundArgs: amount_cents, customer, reason" in message
 
 
@@ -256,4 +316,4 @@ def test_a_bad_destination_names_the_file_and_the_field(
 ) -> None:
     with pytest.raises(ConfigError) as info:
         _destinations(tmp_path, {"payments": entry})
-    assert f"{tmp_path / 'tool_policy.yaml'}: {field}: " in info.value.one_line()
+    _named_line(tmp_path / "tool_policy.yaml", field, info.value.one_line())

@@ -125,15 +125,23 @@ def request_approval(
         asked = record(conn)
     # The approval is visible to approvers; the step's checkpoint is not written yet.
     hit("approval.after_request")
-    return {**asked, **check_approval(run_id, asked["approval_id"], action_hash)}
+    checked = check_approval(run_id, asked["approval_id"], action_hash, str(call["id"]), tenant_id)
+    return {**asked, **checked}
 
 
-def check_approval(run_id: str, approval_id: str, action_hash: str) -> dict[str, Any]:
+def check_approval(
+    run_id: str,
+    approval_id: str,
+    action_hash: str,
+    tool_call_id: str,
+    tenant_id: str,
+) -> dict[str, Any]:
     """The approval row as the run acts on it: a verdict, never a message's word.
 
     `approved` only when a principal decided it (the table's constraint says who, with which
-    role) for exactly `action_hash`; a pending approval past its expiry (the database's clock)
-    is expired here. `wait_s` says how long a pending one may still be waited for.
+    role) for exactly `action_hash`, asked for this run's call `tool_call_id` (of
+    `tenant_id`); a pending approval past its expiry (the database's clock) is expired here.
+    `wait_s` says how long a pending one may still be waited for.
     """
     with get_runtime().pool.connection() as conn:
         reading = approval_check(conn, uuid.UUID(approval_id))
@@ -151,7 +159,13 @@ def check_approval(run_id: str, approval_id: str, action_hash: str) -> dict[str,
         verdict["decided_by"] = approval.decided_by_name or str(approval.decided_by_principal)
         verdict["decided_at"] = approval.decided_at.timestamp() if approval.decided_at else None
         verdict["reason"] = approval.reason
-        problem = not_granted(approval, action_hash)
+        problem = not_granted(
+            approval,
+            action_hash,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            tenant_id=tenant_id,
+        )
         if approval.status is ApprovalStatus.APPROVED and problem is not None:
             verdict["status"] = "mismatch"
             verdict["problem"] = problem

@@ -89,6 +89,8 @@ async def wait_for_approval(
             run.run_id,
             approval_id,
             action_hash,
+            call_id,
+            run.tenant_id,
         )
         tracing.waited(
             "approval",

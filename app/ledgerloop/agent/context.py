@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ledgerloop.agent.budgets import RunBudget, Spent
 from ledgerloop.agent.definition import Agent
 from ledgerloop.runs.states import RunStatus
 
@@ -57,11 +58,17 @@ class RunContext:
     reads_in_think: bool = False
     #: Likewise for a turn's plain writes (agent.turn_tools), for runs begun under this loop.
     writes_in_think: bool = False
+    #: The run's budgets (model turns, tokens), journaled by memory-load; a child episode's
+    #: is what its parent had left (agent.budgets).
+    budget: RunBudget = field(default_factory=RunBudget)
+    #: What the run has spent of them: every think of every agent of the run, and every
+    #: child episode's turns and tokens once it returns. One object, shared by `with_agent`.
+    spent: Spent = field(default_factory=Spent)
 
     def with_agent(self, agent: Agent, scope: str, messages: list[Message]) -> RunContext:
         """Another agent's view of this run: its own conversation and step-name scope; the
-        same run, deadline, compensations and sandboxes. Save its messages with memory_save
-        if they should outlive the run's workflow."""
+        same run, deadline, budgets (and what is spent of them), compensations and sandboxes.
+        Save its messages with memory_save if they should outlive the run's workflow."""
         return replace(
             self,
             agent=agent,

@@ -7,7 +7,8 @@ hot path of a write turn. A write a relay elsewhere delivers keeps the transacti
 `not_granted`, `run_ensure_status` and `effect_begin`. The rules are the same either way:
 
 - nothing is written unless the approval, when the write has one, is approved by an
-  authenticated principal for exactly this action (`not_granted` names what is missing);
+  authenticated principal for exactly this action, and was asked for this call of this run
+  (and tenant): one approval allows one call (`not_granted` names what is missing);
 - the run moves to executing from where `run_ensure_status` allows it, and the event is
   recorded once under the write's step name;
 - the effect is recorded only when the run is there under that step (it moved now, or an
@@ -52,10 +53,33 @@ class NotGranted(LedgerloopError):
         self.problem = problem
 
 
-def not_granted(approval: Approval | None, action_hash: str) -> str | None:
-    """Why `approval` does not let `action_hash` run, or None when it does."""
+def not_granted(
+    approval: Approval | None,
+    action_hash: str,
+    *,
+    run_id: uuid.UUID | str,
+    tool_call_id: str,
+    tenant_id: uuid.UUID | str,
+) -> str | None:
+    """Why `approval` does not let call `tool_call_id` of run `run_id` (of `tenant_id`) run
+    `action_hash`, or None when it does.
+
+    An approval allows the one call it was asked for: the hash alone says what the action
+    is, not who takes it, and another call (or run) with the same arguments needs its own
+    approval. The effect-record statement checks the same (migration 0025)."""
     if approval is None:
         return "the approval does not exist"
+    asked_for = (str(approval.run_id), approval.tool_call_id)
+    if asked_for != (str(run_id), tool_call_id):
+        return (
+            f"approval {approval.id} was granted for run {approval.run_id} call "
+            f"{approval.tool_call_id}, not run {run_id} call {tool_call_id}"
+        )
+    if str(approval.tenant_id) != str(tenant_id):
+        return (
+            f"approval {approval.id} was granted for tenant {approval.tenant_id}, "
+            f"not tenant {tenant_id}"
+        )
     if approval.status is not ApprovalStatus.APPROVED:
         return f"approval {approval.id} is {approval.status.value}, not approved"
     if approval.decided_by_principal is None or approval.auth_role is None:
@@ -95,12 +119,13 @@ async def record_claimed_write(
     *,
     step: str,
     payload: dict[str, Any],
+    tool_call_id: str,
     approval_id: uuid.UUID | None = None,
     **facts: Any,
 ) -> tuple[Effect, Claim | None]:
     """Move the run to executing (its event under `step`, with `payload`) and record the
-    effect claimed for `deliverer` (`effect_begin`'s facts), in one autocommit
-    statement on a connection of the deliverer's (`Deliverer.records`), only if
+    effect of call `tool_call_id` claimed for `deliverer` (`effect_begin`'s facts), in one
+    autocommit statement on a connection of the deliverer's (`Deliverer.records`), only if
     `approval_id` (when given) allows it. `pool` serves the rare answers that read more.
 
     Raises NotGranted when the approval does not allow the write; what `run_ensure_status`
@@ -127,7 +152,13 @@ async def record_claimed_write(
             if not row["granted"]:
                 assert approval_id is not None
                 approval = approval_get(conn, approval_id)
-                problem = not_granted(approval, facts["request_hash"])
+                problem = not_granted(
+                    approval,
+                    facts["request_hash"],
+                    run_id=run_id,
+                    tool_call_id=tool_call_id,
+                    tenant_id=facts["tenant_id"],
+                )
                 # Approved since the statement looked: judged as the statement saw it.
                 raise NotGranted(problem or f"approval {approval_id} was not approved yet")
             if not row["there"]:

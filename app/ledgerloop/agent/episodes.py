@@ -16,6 +16,10 @@ Budgets, all the parent's:
                        followed by a fresh one (a new conversation from the same input)
     rejected_answers   answers that failed validation, counted over the whole episode (every
                        pass), not per pass: a per-pass cap would multiply by the passes
+    the run's own      the run's model turns, tokens and deadline (agent.budgets): the child
+                       is handed what the run has left and spends from it; it ends
+                       (`run_iterations`, `run_tokens`) when that is gone, and the parent
+                       counts the child's turns and tokens as its own (`run.spent`)
 
 Steps, in the child workflow `{parent workflow id}.episode-{n}` (n counts the run's episodes):
 
@@ -40,6 +44,7 @@ from typing import Any, Literal, TypeVar
 from dbos import DBOS, SetWorkflowID
 from pydantic import BaseModel, ValidationError
 
+from ledgerloop.agent.budgets import RunBudget, Spent
 from ledgerloop.agent.context import RunContext, Thought
 from ledgerloop.agent.definition import Agent, get_agent
 from ledgerloop.agent.primitives import call_read_tool, think
@@ -51,7 +56,7 @@ M = TypeVar("M", bound=BaseModel)
 
 EPISODE_WORKFLOW = "ledgerloop_episode"
 
-BudgetName = Literal["turns", "passes", "rejected_answers"]
+BudgetName = Literal["turns", "passes", "rejected_answers", "run_iterations", "run_tokens"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ class EpisodeError(LedgerloopError):
         self.episode = episode
         self.reason = reason
         self.details = details
+        #: The run's turns and tokens the episode used (already counted in `run.spent`).
+        self.spent = Spent.from_json(details.get("spent"))
 
 
 class EpisodeBudgetExceeded(EpisodeError):
@@ -192,15 +199,21 @@ async def run_episode(
         "input": input,
         "output": model_path,
         "budget": asdict(budget or EpisodeBudget()),
+        # What the run has left: the child spends from the run's budgets, not beside them.
+        "run_budget": run.budget.left(run.spent).as_json(),
     }
     with SetWorkflowID(f"{parent}.episode-{number}"):
         handle = await DBOS.start_workflow_async(episode_workflow, spec)
     result: dict[str, Any] = await handle.get_result()
+    # The child's turns and tokens are the run's (a child from before it reported them:
+    # none, as that run counted then).
+    run.spent.add(Spent.from_json(result.get("spent")))
     if "ended" in result:
         ended = result["ended"]
         kind = EpisodeBudgetExceeded if ended["budget"] else EpisodeFailed
+        details = {**ended, "spent": result.get("spent")}
         raise kind(
-            ended["message"], episode=result["episode"], reason=ended["reason"], details=ended
+            ended["message"], episode=result["episode"], reason=ended["reason"], details=details
         )
     run.now = max(run.now, result["now"])
     return output.model_validate(result["output"])
@@ -231,12 +244,14 @@ async def _passes(spec: dict[str, Any]) -> dict[str, Any]:
         deadline=spec["deadline"],
         now=spec["now"],
         messages=[],
+        # What the run had left when the parent started it (a spec from before: no cap).
+        budget=RunBudget.from_json(spec.get("run_budget")),
     )
     first = agent.user_message(spec["input"])
     instructions = answer_instructions(output)
     rejected = 0
     turns = 0
-    ended = _Ending(str(DBOS.workflow_id), budget)
+    ended = _Ending(str(DBOS.workflow_id), budget, base)
     for number in range(budget.passes):
         note = "" if number == 0 else f"\n\n{_pass_note(number, budget)}"
         run = replace(
@@ -247,6 +262,10 @@ async def _passes(spec: dict[str, Any]) -> dict[str, Any]:
         for i in range(budget.turns):
             if run.now > run.deadline:
                 return ended.failed("deadline_exceeded", "the run's deadline passed", turns)
+            spent_out = base.budget.exhausted(base.spent)
+            if spent_out is not None:
+                which: BudgetName = "run_iterations" if spent_out == "iterations" else "run_tokens"
+                return ended.exceeded(which, turns)
             thought = await think(run, i)
             base.now = run.now
             turns += 1
@@ -265,6 +284,7 @@ async def _passes(spec: dict[str, Any]) -> dict[str, Any]:
                         "passes": number + 1,
                         "rejected_answers": rejected,
                         "now": run.now,
+                        "spent": base.spent.as_json(),
                     }
                 rejected += 1
                 if rejected > budget.rejected_answers:
@@ -284,13 +304,18 @@ async def _passes(spec: dict[str, Any]) -> dict[str, Any]:
 class _Ending:
     episode: str
     budget: EpisodeBudget
+    #: The child's view of the run: its budget (what the run had left) and what it spent.
+    run: RunContext
 
     def exceeded(self, which: BudgetName, turns: int, **extra: Any) -> dict[str, Any]:
         b = self.budget
+        left = self.run.budget
         message = {
             "turns": f"used all {b.turns} turns without an accepted answer",
             "passes": f"used all {b.passes} passes of {b.turns} turns without an accepted answer",
             "rejected_answers": f"had more than {b.rejected_answers} answers rejected",
+            "run_iterations": f"used the {left.iterations} model turns the run had left",
+            "run_tokens": f"used the {left.tokens} tokens the run had left",
         }[which]
         return self._ended(which, f"episode {self.episode} {message}", turns, True, extra)
 
@@ -302,7 +327,7 @@ class _Ending:
         self, reason: str, message: str, turns: int, budget: bool, extra: dict[str, Any]
     ) -> dict[str, Any]:
         ended = {"reason": reason, "message": message, "budget": budget, "turns": turns, **extra}
-        return {"episode": self.episode, "ended": ended}
+        return {"episode": self.episode, "ended": ended, "spent": self.run.spent.as_json()}
 
 
 def answer_instructions(output: type[BaseModel]) -> str:

@@ -111,9 +111,15 @@ async def _execute(run_id: str) -> dict[str, Any]:
 
 
 async def run_turns(run: RunContext, max_turns: int | None = None) -> dict[str, Any]:
-    """The agent's turns until it answers, fails or runs out of turns; then `finish`."""
+    """The agent's turns until it answers, fails or runs out of turns; then `finish`.
+
+    `max_turns` defaults to the run's iteration budget (journaled by memory-load). Turns
+    spent before (another agent's, a child episode's) count against that budget too: a
+    think with none left ends the run with `iteration_cap` (agent.budgets)."""
     settings = get_runtime().settings
-    max_turns = settings.max_iterations if max_turns is None else max_turns
+    if max_turns is None:
+        budgeted = run.budget.iterations
+        max_turns = settings.max_iterations if budgeted is None else budgeted
     rejected = 0
     empty_turns = 0
     # A turn that asked only for read tools: they run inside the next think step.

@@ -42,6 +42,7 @@ from ledgerloop.agent import (
 )
 from ledgerloop.agent.act_sandbox import act_sandbox, destroy_sandboxes
 from ledgerloop.agent.approval_wait import wait_for_approval as wait_for_approval
+from ledgerloop.agent.budgets import RunBudget, RunBudgetExceeded
 from ledgerloop.agent.context import Approved, Ended, Message, RunContext, Stop, Thought
 from ledgerloop.agent.definition import get_agent
 from ledgerloop.agent.effect_wait import await_effect, remember_compensable
@@ -89,6 +90,9 @@ async def memory_load(run_id: str, trace: dict[str, Any] | None = None) -> RunCo
         created_ns=ctx.get("created_ns"),
         reads_in_think=bool(ctx.get("reads_in_think")),
         writes_in_think=bool(ctx.get("writes_in_think")),
+        # A run whose memory-load journaled no budget began before there was one: it keeps
+        # the rules it began with (the built-in loop's iteration cap only).
+        budget=RunBudget.from_json(ctx.get("budget")),
     )
     if agent.mcp_servers:
         await discover_mcp(run)
@@ -182,7 +186,14 @@ async def think(
 
     `ride`: the caller will run the answer's calls in the next think step when they may
     (`next_ride`): its first plain write is then recorded with this step's checkpoint
-    (agent.write_ahead)."""
+    (agent.write_ahead).
+
+    Each call is a turn of the run's budgets (`run.budget`): with none left it raises
+    RunBudgetExceeded before anything is asked, and every model call's tokens count."""
+    spent_out = run.budget.exhausted(run.spent)
+    if spent_out is not None:
+        raise run.budget.exceeded(spent_out, run.spent)
+    run.spent.turns += 1
     save = save_answer and not run.scope and not run.sandboxes and not run.agent.validate_answer
     before = empty_turns_before
     result = await _think(
@@ -283,6 +294,8 @@ async def _think(
         run.messages,
         *extra,
     )
+    if "response" in result:
+        run.spent.add_usage(result["response"].get("usage"))
     if "pending" in result:
         # It ended at a pending write and asked the model nothing (its `-settled` step does).
         tracing.count_call("inference", -1)
@@ -477,6 +490,11 @@ async def end_after_failure(run_id: str, run: RunContext | None, exc: Exception)
         raise exc
     if name == "RunStopped":
         return {"status": "stopped"}
+    if isinstance(exc, RunBudgetExceeded) and run is not None:
+        # Planned for: the run spent its budget (a think with none left), in its own code
+        # or after a child episode spent it. It ends failed with that reason.
+        log.info("run %s: %s", run_id, exc)
+        return await finish(run, RunStatus.FAILED, exc.reason, {"error": str(exc), **exc.details})
     log.warning("run %s failed: %s", run_id, describe(exc), exc_info=exc)
     details = {"error": describe(exc)}
     if run is not None:

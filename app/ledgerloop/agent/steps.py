@@ -110,6 +110,12 @@ def memory_load(conn: Conn, run_key: str, trace: dict[str, Any]) -> dict[str, An
         # Journaled likewise: this run's turns of reads and plain writes ride the next think
         # step (agent.turn_tools); an older run keeps a step per write.
         "writes_in_think": True,
+        # The budgets every agent and child episode of the run spends from (agent.budgets),
+        # journaled so a resumed run keeps the ones it began with.
+        "budget": {
+            "iterations": rt.settings.max_iterations,
+            "tokens": rt.settings.max_run_tokens,
+        },
     }
 
 

@@ -11,7 +11,8 @@ it read.
 
 The action hash is computed inside steps (it includes the policy version, which a deploy may
 change), and the tool step records no effect unless, in its own transaction, the approval row
-is approved by a principal for exactly that hash: what runs is exactly what was approved.
+is approved by a principal for exactly that hash, and was asked for this call of this run:
+what runs is exactly what was approved, once.
 """
 
 from __future__ import annotations
@@ -331,7 +332,13 @@ async def _record_here(
         # and only after this transaction has read the approval that allows them.
         with conn.transaction():
             if approval_id is not None:
-                problem = not_granted(approval_get(conn, uuid.UUID(approval_id)), action_hash)
+                problem = not_granted(
+                    approval_get(conn, uuid.UUID(approval_id)),
+                    action_hash,
+                    run_id=run_id,
+                    tool_call_id=call_id,
+                    tenant_id=tenant_id,
+                )
                 if problem is not None:
                     return {"refused": problem}
             run_ensure_status(
@@ -353,6 +360,7 @@ async def _record_here(
                     rt.pool,
                     step=step_name,
                     payload=moved,
+                    tool_call_id=call_id,
                     approval_id=uuid.UUID(approval_id) if approval_id else None,
                     **facts,
                 )

@@ -31,6 +31,7 @@ from ledgerloop.tools.conditions import (
     Undecidable,
     parse_condition,
 )
+from ledgerloop.tools.policy_lines import PolicyLines
 from ledgerloop.tools.templates import Template, parse_template
 
 
@@ -258,6 +259,18 @@ class PolicyFile(BaseModel):
     #: MCP servers by name (the name is also the destination of their write effects).
     mcp_servers: dict[str, McpServer] = Field(default_factory=dict)
 
+    #: Where each place is written (load_policy sets it; None for a policy made in code).
+    _lines: PolicyLines | None = PrivateAttr(default=None)
+
+    def line_of(self, where: str) -> int | None:
+        """The file's line of a place (`tools.refund.summary`), when it was read from one."""
+        return self._lines.line(where) if self._lines is not None else None
+
+    def at(self, policy_file: object, where: str) -> str:
+        """`FILE:LINE: WHERE`, the way errors name a place of the file (no line: `FILE`)."""
+        line = self.line_of(where)
+        return f"{policy_file}:{line}: {where}" if line else f"{policy_file}: {where}"
+
     @field_validator("destinations", mode="before")
     @classmethod
     def _plain_urls(cls, value: object) -> object:
@@ -308,23 +321,28 @@ class PolicyFile(BaseModel):
 
 
 def load_policy(path: Path) -> PolicyFile:
-    """Read and validate the policy file; errors name the file and the field."""
+    """Read and validate the policy file; errors name the file, the line and the field
+    (`tool_policy.yaml:12: tools.refund.requires_approval.when.gte: ...`)."""
     if not path.is_file():
         raise ConfigError(
             f"tool policy file {path} does not exist",
             fix="create it or set LEDGERLOOP_POLICY_FILE to its path",
         )
+    text = path.read_text()
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    lines = PolicyLines(text)
     try:
-        return PolicyFile.model_validate(raw or {})
+        policy = PolicyFile.model_validate(raw or {})
     except ValidationError as exc:
         where, message = describe_error(exc)
-        raise ConfigError(
-            f"{path}: {where}: {message}", fix="fix that field (see docs/policy.md)"
-        ) from exc
+        line = lines.line(where)
+        at = f"{path}:{line}: {where}" if line else f"{path}: {where}"
+        raise ConfigError(f"{at}: {message}", fix="fix that field (see docs/policy.md)") from exc
+    policy._lines = lines
+    return policy
 
 
 def describe_error(exc: ValidationError) -> tuple[str, str]:

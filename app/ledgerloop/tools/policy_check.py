@@ -68,11 +68,16 @@ def _names(model: type[BaseModel]) -> str:
 
 
 def argument_problems(policy: PolicyFile, tools: Iterable[Tool], policy_file: object) -> list[str]:
-    """One line per policy path that names an argument its write tool does not have."""
-    problems: list[str] = []
+    """One line per policy path that names an argument its write tool does not have, with
+    the file's line. Once per problem: agents that share a tool share its policy entry, and
+    a wrong path in it is one mistake to fix (two tools of one name whose models differ may
+    each have their own)."""
+    problems: dict[str, None] = {}
+    seen: set[int] = set()
     for tool in tools:
-        if tool.kind is not ToolKind.WRITE or tool.name not in policy.tools:
+        if tool.kind is not ToolKind.WRITE or tool.name not in policy.tools or id(tool) in seen:
             continue
+        seen.add(id(tool))
         rules = policy.tools[tool.name]
         paths: list[tuple[str, FieldPath]] = []
         if isinstance(rules.requires_approval, ApprovalRule):
@@ -88,9 +93,10 @@ def argument_problems(policy: PolicyFile, tools: Iterable[Tool], policy_file: ob
             if missing is None:
                 continue
             shown = ".".join(path)
-            problems.append(
-                f"{policy_file}: tools.{tool.name}.{where}: {shown!r} is not an argument of "
-                f"tool {tool.name} ({tool.input_model.__name__}: {_names(tool.input_model)}); "
-                f"no {missing!r} there"
+            at = policy.at(policy_file, f"tools.{tool.name}.{where}")
+            problem = (
+                f"{at}: {shown!r} is not an argument of tool {tool.name} "
+                f"({tool.input_model.__name__}: {_names(tool.input_model)}); no {missing!r} there"
             )
-    return problems
+            problems[problem] = None
+    return list(problems)
