@@ -376,3 +376,37 @@ print("finished in time")
     assert asyncio.run(host.destroy(first.id))
     assert host.uids.holder(first_uid) is None
     assert host.uids.holder(second.uid) == second.path
+
+
+def test_the_end_of_one_command_leaves_another_of_its_sandbox_running(
+    host: SandboxHost,
+) -> None:
+    sandbox = host.create(uuid.uuid4().hex, run_id="test", backend="bwrap")
+    waiter = """
+import os, time
+open("started", "w").close()
+while not os.path.exists("finish"):
+    time.sleep(0.01)
+print("finished in time")
+"""
+    host.put_file(sandbox, "wait.py", waiter.encode())
+
+    async def both() -> tuple[ExecResult, ExecResult]:
+        waiting = asyncio.ensure_future(
+            host.exec(sandbox, ["python3", "-I", "wait.py"], Limits(time_s=60))
+        )
+        deadline = asyncio.get_running_loop().time() + 30
+        while not (sandbox.work / "started").exists():
+            assert not waiting.done(), waiting.result()
+            assert asyncio.get_running_loop().time() < deadline, "the waiter never started"
+            await asyncio.sleep(0.01)
+        # Same sandbox, same uid: this one ends (by the time limit, killed) while the other runs.
+        looping = "while True:\n    pass\n"
+        host.put_file(sandbox, "loop.py", looping.encode())
+        ended = await host.exec(sandbox, ["python3", "-I", "loop.py"], Limits(time_s=1))
+        host.put_file(sandbox, "finish", b"")
+        return await waiting, ended
+
+    waited, ended = asyncio.run(both())
+    assert ended.timed_out, ended
+    assert (waited.exit_code, waited.stdout, waited.timed_out) == (0, "finished in time\n", False)
