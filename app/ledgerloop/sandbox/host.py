@@ -169,13 +169,7 @@ class SandboxHost:
             (rootfs / name).mkdir(mode=0o755)
         for name, target in SKELETON_LINKS.items():
             (rootfs / name).symlink_to(target)
-        # /dev: mount points for the devices the backends bind, the usual links, and an
-        # empty pts (gVisor covers its own devpts with it); read-only with the rest.
-        (rootfs / "dev" / "pts").mkdir(mode=0o755)
-        for device in GUEST_DEVICES:
-            (rootfs / "dev" / device).touch(mode=0o644)
-        for name, target in GUEST_DEV_LINKS.items():
-            (rootfs / "dev" / name).symlink_to(target)
+        _furnish_dev(rootfs / "dev")
         for extra in paths:
             (rootfs / extra.lstrip("/")).mkdir(mode=0o755, parents=True, exist_ok=True)
         rootfs.chmod(0o555)
@@ -219,7 +213,8 @@ class SandboxHost:
         uid = (self._read_meta(path) or {}).get("uid")
         self._remove(path)
         if uid is not None:
-            # After the removal: until then no process of it may run as anyone else's uid.
+            # Only once the directory is gone: until then its files are the uid's, and a
+            # sandbox handed the uid now could reach them.
             self.uids.release(path, int(uid))
         return True
 
@@ -292,6 +287,8 @@ class SandboxHost:
         if not sandbox.work.is_dir():
             raise SandboxGone(f"sandbox {sandbox.id} has no working directory")
         sandbox = self._own(sandbox, backend)
+        # A sandbox made by an earlier version has an empty /dev in its skeleton.
+        _furnish_dev(sandbox.path / "rootfs" / "dev")
         spec = CommandSpec(
             sandbox_dir=sandbox.path,
             container_id=f"ll-{sandbox.id}-{uuid.uuid4().hex[:8]}",
@@ -500,6 +497,17 @@ def _check_reachable(root: Path) -> None:
                 f"sandbox root {root} is under {directory}, which other users cannot enter",
                 fix="set LEDGERLOOP_SANDBOX_ROOT to a directory under one they can (e.g. /tmp)",
             )
+
+
+def _furnish_dev(dev: Path) -> None:
+    """The skeleton's /dev (read-only in the guest): a mount point for each device the
+    backends bind, the usual links, and an empty pts (gVisor covers its devpts with it)."""
+    (dev / "pts").mkdir(mode=0o755, exist_ok=True)
+    for device in GUEST_DEVICES:
+        (dev / device).touch(mode=0o644, exist_ok=True)
+    for name, target in GUEST_DEV_LINKS.items():
+        if not (dev / name).is_symlink():
+            (dev / name).symlink_to(target)
 
 
 def _chown_tree(top: Path, uid: int) -> None:
