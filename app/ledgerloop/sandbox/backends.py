@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from ledgerloop.sandbox.errors import SandboxUnavailable
+from ledgerloop.sandbox.uids import live_processes
 
 GUEST_WORKDIR = "/work"
 GUEST_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": GUEST_WORKDIR, "TMPDIR": GUEST_WORKDIR}
@@ -304,21 +305,7 @@ def kill_uid(uid: int) -> int:
 
 def processes_of_uid(uid: int) -> list[int]:
     """The live (not zombie) processes of a host uid."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        # A zombie has already exited: it only waits for its parent to collect its status.
-        if fields.get("State", "").strip().startswith("Z"):
-            continue
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, owner in live_processes() if owner == uid]
 
 
 BACKENDS: dict[str, Backend] = {"gvisor": Gvisor(), "bwrap": Bwrap()}

@@ -123,7 +123,11 @@ class UidLeases:
 
 def uids_with_processes() -> set[int]:
     """The real uids of the host's live (not zombie) processes."""
-    found = set()
+    return {uid for _, uid in live_processes()}
+
+
+def live_processes() -> Iterator[tuple[int, int]]:
+    """(pid, real uid) of each of the host's live processes, zombies left out."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -139,5 +143,4 @@ def uids_with_processes() -> set[int]:
                 uid = int(line.split()[1])
         # A zombie has already exited: it only waits for its parent to collect its status.
         if uid is not None and state != "Z":
-            found.add(uid)
-    return found
+            yield int(entry.name), uid
