@@ -181,3 +181,13 @@ def test_a_sandbox_whose_skeleton_has_an_empty_dev_still_runs(
         0,
         ["fd", "null", "pts", "random", "stderr", "stdin", "stdout", "urandom", "zero"],
     ), result
+
+
+def test_the_lease_directory_can_be_named_in_the_environment(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEDGERLOOP_SANDBOX_UID_LEASES", str(scratch / "shared"))
+    (owner,) = _owners(scratch, 1)
+    uid = UidLeases().acquire(owner)
+    assert (scratch / "shared" / str(uid)).read_text() == str(owner)
+    assert SandboxHost(scratch / "root").uids.directory == scratch / "shared"

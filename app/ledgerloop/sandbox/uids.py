@@ -14,7 +14,10 @@ acquire. A uid that has a live process is never handed out, leased or not: it ma
 process of a sandbox whose lease was lost, or of something else on the host using the range.
 
 The directory is host-wide (not under a worker's sandbox root) so that workers with different
-roots on one host still never share a uid.
+roots on one host still never share a uid. Workers in separate containers on one kernel (no
+user namespace between them) must be given one directory they all see, with
+LEDGERLOOP_SANDBOX_UID_LEASES, and see each other's sandbox roots at the same paths (a lease
+whose sandbox directory is not there is stale).
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ DEFAULT_DIRECTORY = Path("/run/ledgerloop-sandbox-uids")
 
 
 class UidLeases:
-    def __init__(self, directory: Path = DEFAULT_DIRECTORY) -> None:
-        self.directory = directory
+    def __init__(self, directory: Path | None = None) -> None:
+        configured = os.environ.get("LEDGERLOOP_SANDBOX_UID_LEASES")
+        self.directory = directory or (Path(configured) if configured else DEFAULT_DIRECTORY)
 
     def acquire(self, owner: Path, prefer: int | None = None) -> int:
         """The uid leased to the sandbox directory `owner`: the one it holds already (a
