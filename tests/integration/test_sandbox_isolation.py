@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import socket
 import tempfile
@@ -27,7 +28,7 @@ from ledgerloop.sandbox import (
     SandboxUnavailable,
     require_backend,
 )
-from ledgerloop.sandbox.backends import processes_of_uid, sandbox_uid
+from ledgerloop.sandbox.backends import processes_of_uid
 from ledgerloop.testing.postgres import wait_until
 from tests.support.sandbox_checks import gvisor_containers, processes_naming
 
@@ -173,8 +174,9 @@ os._exit(0)
     bomb = asyncio.run(host.exec(sandbox, ["sh", "-c", "f(){ f|f& };f; sleep 2"], limits))
     assert not bomb.timed_out or bomb.exit_code != 0
     assert host.running() == []
-    uid = sandbox_uid(sandbox.id)
     if backend == "bwrap":
+        assert sandbox.uid is not None
+        uid = sandbox.uid
         wait_until(lambda: processes_of_uid(uid) == [], timeout=5)
 
 
@@ -191,7 +193,9 @@ def test_an_infinite_loop_is_stopped_by_the_time_limit(host: SandboxHost, backen
     assert gvisor_containers(host) == []
     assert processes_naming(host.root) == []
     if backend == "bwrap":
-        wait_until(lambda: processes_of_uid(sandbox_uid(sandbox.id)) == [], timeout=5)
+        assert sandbox.uid is not None
+        uid = sandbox.uid
+        wait_until(lambda: processes_of_uid(uid) == [], timeout=5)
     # The sandbox outlives its command: the next one runs in the same directory.
     host.put_file(sandbox, "after.py", b"print('still here')")
     after = asyncio.run(host.exec(sandbox, ["python3", "-I", "after.py"], Limits(time_s=20)))
@@ -247,3 +251,162 @@ def test_a_missing_backend_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -
     assert "scripts/install-sandbox" in message
     with pytest.raises(SandboxUnavailable, match="unknown sandbox backend"):
         require_backend("firecracker")
+
+
+@pytest.mark.parametrize("backend", BOTH)
+def test_output_printed_before_a_timeout_is_kept(host: SandboxHost, backend: str) -> None:
+    code = """
+import sys
+print("before the loop", flush=True)
+print("on stderr", file=sys.stderr, flush=True)
+while True:
+    pass
+"""
+    _, result = run(host, backend, code, Limits(time_s=1))
+    assert result.timed_out, result
+    assert (result.stdout, result.stderr) == ("before the loop\n", "on stderr\n"), result
+    assert (result.output_bytes, result.truncated) == (26, False)
+    # Past the output limit before the timeout: the limit's worth is kept, the rest counted.
+    chatty = "print('y' * 5000, flush=True)\nwhile True:\n    pass\n"
+    _, result = run(host, backend, chatty, Limits(time_s=1, output_bytes=1000))
+    assert result.timed_out, result
+    assert (result.stdout, result.stderr) == ("y" * 1000, ""), result
+    assert (result.output_bytes, result.truncated) == (5001, True)
+
+
+DEV_PROBE = """
+import json, os
+seen = {"dev": sorted(os.listdir("/dev")), "pts": sorted(os.listdir("/dev/pts")), "wrote": []}
+for path in ["/dev/owned", "/dev/shm/owned", "/dev/pts/owned", "/dev/fd/../owned"]:
+    try:
+        open(path, "w").write("x")
+        seen["wrote"].append(path)
+    except OSError:
+        pass
+for directory in ["/dev/shm", "/dev/new"]:
+    try:
+        os.mkdir(directory)
+        seen["wrote"].append(directory)
+    except OSError:
+        pass
+try:
+    from multiprocessing import shared_memory
+    block = shared_memory.SharedMemory(create=True, size=320 * 1024 * 1024)
+    block.buf[:] = b"x" * block.size  # memory no limit would have counted
+    seen["wrote"].append("shared memory")
+except OSError:
+    pass
+try:
+    os.openpty()
+    seen["wrote"].append("a pty")
+except OSError:
+    pass
+open("/dev/null", "w").write("discarded")
+seen["null"] = open("/dev/null", "rb").read()
+seen["zero"] = open("/dev/zero", "rb").read(4).hex()
+seen["urandom"] = len(open("/dev/urandom", "rb").read(16))
+seen["random"] = len(open("/dev/random", "rb").read(16))
+print(json.dumps(seen, default=repr))
+"""
+
+
+@pytest.mark.parametrize("backend", BOTH)
+def test_dev_is_read_only_with_only_the_devices_a_program_needs(
+    host: SandboxHost, backend: str
+) -> None:
+    _, result = run(host, backend, DEV_PROBE, Limits(time_s=20, memory_mb=256))
+    assert result.exit_code == 0, result
+    seen = json.loads(result.stdout)
+    # No tty, no ptmx or pts, no full, no shm: the devices a program reads and writes, and
+    # the links shells use for redirections and process substitution.
+    assert seen["dev"] == sorted(
+        ["fd", "null", "pts", "random", "stderr", "stdin", "stdout", "urandom", "zero"]
+    ), seen
+    assert seen["pts"] == []
+    assert seen["wrote"] == [], seen
+    assert (seen["null"], seen["zero"], seen["urandom"], seen["random"]) == (
+        "b''",
+        "00000000",
+        16,
+        16,
+    )
+
+
+def test_two_live_sandboxes_never_share_a_uid_and_one_ending_leaves_the_other_running(
+    host: SandboxHost,
+) -> None:
+    # Ids alike in their last eight characters, which a uid hashed from the id would share.
+    tail = uuid.uuid4().hex[:8]
+    first = host.create("a" * 24 + tail, run_id="test", backend="bwrap")
+    second = host.create("b" * 24 + tail, run_id="test", backend="bwrap")
+    assert first.uid is not None
+    assert second.uid is not None
+    first_uid = first.uid
+    assert first_uid != second.uid
+    assert host.uids.holder(first_uid) == first.path
+    # The first runs until the test lets it finish; the second starts and ends meanwhile.
+    waiter = """
+import os, time
+open("started", "w").close()
+while not os.path.exists("finish"):
+    time.sleep(0.01)
+print("finished in time")
+"""
+    host.put_file(first, "wait.py", waiter.encode())
+
+    async def both() -> tuple[ExecResult, ExecResult]:
+        waiting = asyncio.ensure_future(
+            host.exec(first, ["python3", "-I", "wait.py"], Limits(time_s=60))
+        )
+        deadline = asyncio.get_running_loop().time() + 30
+        while not (first.work / "started").exists():
+            assert not waiting.done(), waiting.result()
+            assert asyncio.get_running_loop().time() < deadline, "the first never started"
+            await asyncio.sleep(0.01)
+        ended = await host.exec(second, ["sh", "-c", "echo ended"], Limits(time_s=20))
+        # The first is still alive after the second's end, and still runs as its own uid.
+        assert processes_of_uid(first_uid), "the second's end killed the first"
+        host.put_file(first, "finish", b"")
+        return await waiting, ended
+
+    waited, ended = asyncio.run(both())
+    assert (ended.exit_code, ended.stdout) == (0, "ended\n")
+    assert (waited.exit_code, waited.stdout, waited.timed_out) == (0, "finished in time\n", False)
+    # Destroying a sandbox gives its uid back.
+    assert asyncio.run(host.destroy(first.id))
+    assert host.uids.holder(first_uid) is None
+    assert host.uids.holder(second.uid) == second.path
+
+
+def test_the_end_of_one_command_leaves_another_of_its_sandbox_running(
+    host: SandboxHost,
+) -> None:
+    sandbox = host.create(uuid.uuid4().hex, run_id="test", backend="bwrap")
+    waiter = """
+import os, time
+open("started", "w").close()
+while not os.path.exists("finish"):
+    time.sleep(0.01)
+print("finished in time")
+"""
+    host.put_file(sandbox, "wait.py", waiter.encode())
+
+    async def both() -> tuple[ExecResult, ExecResult]:
+        waiting = asyncio.ensure_future(
+            host.exec(sandbox, ["python3", "-I", "wait.py"], Limits(time_s=60))
+        )
+        deadline = asyncio.get_running_loop().time() + 30
+        while not (sandbox.work / "started").exists():
+            assert not waiting.done(), waiting.result()
+            assert asyncio.get_running_loop().time() < deadline, "the waiter never started"
+            await asyncio.sleep(0.01)
+        # Same sandbox, same uid: this one ends (by the time limit, killed) while the other runs.
+        looping = "while True:\n    pass\n"
+        host.put_file(sandbox, "loop.py", looping.encode())
+        ended = await host.exec(sandbox, ["python3", "-I", "loop.py"], Limits(time_s=1))
+        host.put_file(sandbox, "finish", b"")
+        return await waiting, ended
+
+    waited, ended = asyncio.run(both())
+    assert ended.timed_out, ended
+    assert (waited.exit_code, waited.stdout, waited.timed_out) == (0, "finished in time\n", False)

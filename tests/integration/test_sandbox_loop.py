@@ -24,11 +24,11 @@ from ledgerloop.control.cancel import cancel_run
 from ledgerloop.db.connect import Conn
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.sandbox import SandboxHost
-from ledgerloop.sandbox.backends import processes_of_uid, sandbox_uid
+from ledgerloop.sandbox.backends import processes_of_uid
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.tools.payloads import payload_get
 from tests.conftest import REPO, journal_steps, start_test_run, wait_terminal
-from tests.support.sandbox_checks import gvisor_containers, processes_naming
+from tests.support.sandbox_checks import gvisor_containers, leased_uids, processes_naming
 
 POLICY = REPO / "tests" / "support" / "sandbox_policy.yaml"
 
@@ -137,9 +137,9 @@ def test_a_run_waiting_for_approval_holds_no_sandbox(
         (run_id,),
     ).fetchall()
     assert len(snapshots) == 1
-    call_id = model.requests()[1]["request"]["messages"][1]["content"][0]["id"]
-    sandbox_id = uuid.uuid5(run_id, f"sandbox:run_code:0:{call_id}").hex
-    assert processes_of_uid(sandbox_uid(sandbox_id)) == []
+    # Its uid was given back with the directory: no lease, no process of the sandbox.
+    assert leased_uids(host) == []
+    assert processes_naming(host.root) == []
     approval_decide(conn, approval_id=approval.id, principal=approver, decision="approve")
     run = wait_terminal(conn, run_id)
     assert run.status is RunStatus.SUCCEEDED, run.state
@@ -180,12 +180,14 @@ def _run_python(backend: str, code: str) -> dict[str, Any]:
     return {"tool_use": {"name": tool, "input": {argument: code}}}
 
 
-def _nothing_left(host: SandboxHost, sandbox_id: str) -> bool:
-    """No directory, no command, no process of the sandbox's uid and no gVisor container."""
+def _nothing_left(host: SandboxHost, uid: int | None = None) -> bool:
+    """No directory, no command, no uid lease (nor a process of the uid it had, when known)
+    and no gVisor container."""
     return (
         host.ids() == []
         and host.running() == []
-        and processes_of_uid(sandbox_uid(sandbox_id)) == []
+        and leased_uids(host) == []
+        and (uid is None or processes_of_uid(uid) == [])
         and gvisor_containers(host) == []
         and processes_naming(host.root) == []
     )
@@ -219,7 +221,9 @@ def test_a_run_that_fails_destroys_its_sandbox(
     assert steps.index(failing) < steps.index("sandbox-destroy-0")
     assert steps.index("sandbox-destroy-0") < steps.index("finish")
     sandbox_id = uuid.uuid5(run_id, f"sandbox:{SANDBOX_TOOLS[backend][0]}:0:{call_id}").hex
-    assert _nothing_left(SandboxHost(sandbox_root), sandbox_id)
+    host = SandboxHost(sandbox_root)
+    assert not host.exists(sandbox_id)
+    assert _nothing_left(host)
 
 
 @pytest.mark.parametrize("backend", BOTH)
@@ -235,10 +239,12 @@ def test_a_run_cancelled_mid_command_leaves_no_sandbox(
     host = SandboxHost(sandbox_root)
     wait_until(host.running, timeout=30)
     (sandbox_id,) = host.ids()
+    uid = host.get(sandbox_id).uid
+    assert (uid is not None) == (backend == "bwrap")
 
     cancel_run(conn, run_id, workflows=DBOS, requested_by="test")
     assert wait_terminal(conn, run_id).status is RunStatus.CANCELLED
-    wait_until(lambda: _nothing_left(host, sandbox_id), timeout=15)
+    wait_until(lambda: _nothing_left(host, uid), timeout=15)
     assert len(model.requests()) == 1  # nothing after the cancel
     # A run cancelled from outside runs no step after the cancel, its destroy step included:
     # the reaper takes the sandbox of a run that is over, command and all (act_sandbox.py).

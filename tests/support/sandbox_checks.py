@@ -41,3 +41,19 @@ def processes_naming(path: Path) -> list[int]:
         if state != "Z" and str(path).encode() in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def leased_uids(host: SandboxHost) -> list[int]:
+    """The uids leased to sandboxes under this host's root (none once they are destroyed)."""
+    directory = host.uids.directory
+    if not directory.is_dir():
+        return []
+    found = []
+    for lease in directory.iterdir():
+        try:
+            holder = Path(lease.read_text())
+        except OSError:  # given back meanwhile (other hosts' sandboxes share the directory)
+            continue
+        if lease.name.isdigit() and holder.is_relative_to(host.root):
+            found.append(int(lease.name))
+    return sorted(found)

@@ -5,14 +5,22 @@ Both backends give the guest the same view:
 - a read-only root made of an empty skeleton, `/usr` (the interpreter and its libraries) and
   the host paths the policy lists, all read-only;
 - `/work`, the sandbox's scratch working directory, the only writable place;
+- a read-only `/dev` holding null, zero, random and urandom (the host's devices) and the
+  fd/stdin/stdout/stderr links: no tty, no pty, no `/dev/shm` (an in-memory filesystem there
+  would hold memory that no limit counts);
 - no network but its own loopback (a new network namespace; gVisor's `--network=none`);
 - no environment from the worker: PATH, HOME=/work and TMPDIR=/work only.
 
 Limits: the wall-clock limit is kept by the host (it kills the container); memory (address
 space), CPU seconds, file size and process count are rlimits. gVisor applies rlimits inside
 its own kernel. For bubblewrap the process count is RLIMIT_NPROC, which Linux counts per host
-user: the worker (as root) runs each sandbox as its own unprivileged uid, so the count is the
-sandbox's alone. A worker that is not root cannot do that, and bwrap refuses to run for it.
+user: the worker (as root) runs each sandbox as an unprivileged uid leased to that sandbox
+alone while it lives (ledgerloop.sandbox.uids), so the count is the sandbox's alone. A worker
+that is not root cannot do that, and bwrap refuses to run for it.
+
+A bubblewrap command is killed through its pid namespace: SIGKILL to bwrap reaches the
+namespace's init (--die-with-parent), and the kernel kills everything else in the namespace
+when its init dies. Nothing outside the command's namespace is signalled.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from ledgerloop.sandbox.errors import SandboxUnavailable
+from ledgerloop.sandbox.uids import live_processes
 
 GUEST_WORKDIR = "/work"
 GUEST_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": GUEST_WORKDIR, "TMPDIR": GUEST_WORKDIR}
@@ -34,6 +43,15 @@ GUEST_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": GUEST_WORKDIR, "TMP
 SYSTEM_PATHS = ("/usr",)
 #: bwrap's own processes in the sandbox user's count: bwrap and its pid-namespace init.
 BWRAP_OWN_PROCESSES = 2
+#: The host devices a guest gets in its /dev (bound one by one; /dev itself is read-only).
+GUEST_DEVICES = ("null", "zero", "random", "urandom")
+#: The links every /dev has, which shells and programs open (`<(...)`, /dev/stdout).
+GUEST_DEV_LINKS = {
+    "fd": "/proc/self/fd",
+    "stdin": "/proc/self/fd/0",
+    "stdout": "/proc/self/fd/1",
+    "stderr": "/proc/self/fd/2",
+}
 
 
 @dataclass(frozen=True)
@@ -69,7 +87,8 @@ class CommandSpec:
     argv: tuple[str, ...]
     limits: Limits
     read_only_paths: tuple[str, ...] = ()
-    #: The host uid (and gid) the command runs as; None keeps the worker's.
+    #: The host uid (and gid) the command runs as (the sandbox's lease); None keeps the
+    #: worker's.
     uid: int | None = None
 
     @property
@@ -86,6 +105,8 @@ class CommandSpec:
 
 class Backend(Protocol):
     name: ClassVar[str]
+    #: Whether each sandbox runs as a host uid of its own (leased by the host).
+    own_uid: ClassVar[bool]
 
     def missing(self) -> str | None:
         """Why this backend cannot run here, or None when it can."""
@@ -93,20 +114,13 @@ class Backend(Protocol):
     def command(self, spec: CommandSpec, state_dir: Path) -> list[str]:
         """The host command line that runs spec.argv in the sandbox."""
 
-    def runs_as(self, sandbox_id: str) -> int | None:
-        """The host uid the sandbox's commands run as (None: the worker's)."""
-
     async def kill(self, spec: CommandSpec, state_dir: Path, pid: int) -> None:
         """Stop the command and everything it started."""
 
 
-def sandbox_uid(sandbox_id: str) -> int:
-    """A host uid of the sandbox's own, far above any real user's."""
-    return 200_000 + int.from_bytes(sandbox_id.encode()[-8:], "big") % 60_000
-
-
 class Bwrap:
     name: ClassVar[str] = "bwrap"
+    own_uid: ClassVar[bool] = True
 
     def missing(self) -> str | None:
         if shutil.which("bwrap") is None or shutil.which("prlimit") is None:
@@ -117,9 +131,6 @@ class Bwrap:
                 "each sandbox as its own uid); use sandbox: gvisor"
             )
         return None
-
-    def runs_as(self, sandbox_id: str) -> int | None:
-        return sandbox_uid(sandbox_id)
 
     def command(self, spec: CommandSpec, state_dir: Path) -> list[str]:
         limits = spec.limits
@@ -141,32 +152,33 @@ class Bwrap:
         ]
         for path in spec.ro_paths():
             argv += ["--ro-bind", path, path]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(spec.work), GUEST_WORKDIR]
+        argv += ["--proc", "/proc"]
+        # Not --dev, which mounts a writable tmpfs (an unbounded /dev/shm with it) and a tty:
+        # the skeleton's /dev is read-only and has a mount point for each device.
+        for device in GUEST_DEVICES:
+            argv += ["--dev-bind", f"/dev/{device}", f"/dev/{device}"]
+        argv += ["--bind", str(spec.work), GUEST_WORKDIR]
         argv += ["--chdir", GUEST_WORKDIR, "--clearenv"]
         for key, value in GUEST_ENV.items():
             argv += ["--setenv", key, value]
         return [*argv, "--", *spec.argv]
 
     async def kill(self, spec: CommandSpec, state_dir: Path, pid: int) -> None:
-        # bwrap kills everything in the sandbox when it dies (--die-with-parent reaches the
-        # pid namespace's init), and the sandbox's uid is its own: a sweep catches the rest.
+        # bwrap's death reaches its pid namespace's init (--die-with-parent), and the kernel
+        # kills the rest of the namespace with it: this command's processes and no others.
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-        if spec.uid is not None:
-            kill_uid(spec.uid)
 
 
 class Gvisor:
     name: ClassVar[str] = "gvisor"
+    own_uid: ClassVar[bool] = False
     #: ptrace works everywhere (no /dev/kvm needed), nested in a VM included.
     platform: ClassVar[str] = os.environ.get("LEDGERLOOP_RUNSC_PLATFORM", "ptrace")
 
     def missing(self) -> str | None:
         if shutil.which("runsc") is None:
             return "gVisor is not installed (runsc on PATH)"
-        return None
-
-    def runs_as(self, sandbox_id: str) -> int | None:
         return None
 
     def base(self, state_dir: Path) -> list[str]:
@@ -197,6 +209,23 @@ class Gvisor:
         ]
         mounts: list[dict[str, Any]] = [
             {"destination": "/proc", "type": "proc", "source": "proc"},
+            # runsc's default /dev is a writable tmpfs (an unbounded /dev/shm in it, held in the
+            # sandbox's memory outside any rlimit) with a tty and ptys. The skeleton's /dev
+            # instead, read-only, with the host's devices bound on their mount points. A
+            # read-only tmpfs will not do: gVisor refuses to open its /dev/null for writing.
+            {
+                "destination": "/dev",
+                "type": "bind",
+                "source": str(spec.rootfs / "dev"),
+                "options": ["rbind", "ro"],
+            },
+            # runsc mounts a devpts here whatever /dev is: an empty read-only directory over it.
+            {
+                "destination": "/dev/pts",
+                "type": "bind",
+                "source": str(spec.rootfs / "dev" / "pts"),
+                "options": ["rbind", "ro"],
+            },
             # gVisor mounts a writable tmpfs on /tmp unless told otherwise: keep it read-only.
             {
                 "destination": "/tmp",  # noqa: S108
@@ -205,6 +234,17 @@ class Gvisor:
                 "options": ["rbind", "ro"],
             },
         ]
+        for device in GUEST_DEVICES:
+            # Only /dev/null is written to; the others are read (writing is refused).
+            mode = "rw" if device == "null" else "ro"
+            mounts.append(
+                {
+                    "destination": f"/dev/{device}",
+                    "type": "bind",
+                    "source": f"/dev/{device}",
+                    "options": ["bind", mode],
+                }
+            )
         for path in spec.ro_paths():
             mounts.append(
                 {"destination": path, "type": "bind", "source": path, "options": ["rbind", "ro"]}
@@ -265,21 +305,7 @@ def kill_uid(uid: int) -> int:
 
 def processes_of_uid(uid: int) -> list[int]:
     """The live (not zombie) processes of a host uid."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        # A zombie has already exited: it only waits for its parent to collect its status.
-        if fields.get("State", "").strip().startswith("Z"):
-            continue
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, owner in live_processes() if owner == uid]
 
 
 BACKENDS: dict[str, Backend] = {"gvisor": Gvisor(), "bwrap": Bwrap()}

@@ -1,6 +1,7 @@
 """Sandboxes on this host: a directory each, one short-lived container per command.
 
-    {root}/{sandbox_id}/sandbox.json   run, backend, read-only paths, owner (pid + start time)
+    {root}/{sandbox_id}/sandbox.json   run, backend, read-only paths, owner (pid + start time),
+                                       the uid leased to it (bwrap)
     {root}/{sandbox_id}/work/          the guest's /work (the only writable place)
     {root}/{sandbox_id}/rootfs/        an empty read-only skeleton for the guest's /
     {root}/{sandbox_id}/commands/      one file per running command (pid, container id)
@@ -30,13 +31,15 @@ import tarfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ledgerloop import faults
 from ledgerloop.sandbox.backends import (
     BACKENDS,
+    GUEST_DEV_LINKS,
+    GUEST_DEVICES,
     Backend,
     CommandSpec,
     Gvisor,
@@ -46,6 +49,7 @@ from ledgerloop.sandbox.backends import (
     runsc_delete,
 )
 from ledgerloop.sandbox.errors import SandboxError, SandboxGone
+from ledgerloop.sandbox.uids import UidLeases
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,8 @@ class Sandbox:
     backend: str
     path: Path
     read_only_paths: tuple[str, ...] = ()
+    #: The host uid leased to it, for a backend that runs each sandbox as its own uid.
+    uid: int | None = None
 
     @property
     def work(self) -> Path:
@@ -121,9 +127,10 @@ def safe_name(name: str) -> str:
 
 
 class SandboxHost:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, uid_leases: UidLeases | None = None) -> None:
         self.root = root.resolve()
         self.state_dir = self.root / ".runsc"
+        self.uids = uid_leases or UidLeases()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -148,33 +155,35 @@ class SandboxHost:
                 )
         self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
         self.state_dir.mkdir(mode=0o700, exist_ok=True)
-        if chosen.runs_as(sandbox_id) is not None:
+        if chosen.own_uid:
             _check_reachable(self.root)
         path = self.root / sandbox_id
         if path.exists():
             self._remove(path)
         path.mkdir(mode=0o711)
+        # After the directory exists: a lease naming a missing directory is stale.
+        uid = self.uids.acquire(path) if chosen.own_uid else None
         rootfs = path / "rootfs"
         rootfs.mkdir(mode=0o755)
         for name in SKELETON_DIRS:
             (rootfs / name).mkdir(mode=0o755)
         for name, target in SKELETON_LINKS.items():
             (rootfs / name).symlink_to(target)
+        _furnish_dev(rootfs / "dev")
         for extra in paths:
             (rootfs / extra.lstrip("/")).mkdir(mode=0o755, parents=True, exist_ok=True)
         rootfs.chmod(0o555)
         (path / "commands").mkdir(mode=0o700)
         work = path / "work"
         work.mkdir(mode=0o700)
-        sandbox = Sandbox(sandbox_id, run_id, chosen.name, path, paths)
+        sandbox = Sandbox(sandbox_id, run_id, chosen.name, path, paths, uid)
         self._write_meta(sandbox)
         if snapshot is not None:
             with tarfile.open(fileobj=io.BytesIO(snapshot), mode="r:gz") as tar:
                 tar.extractall(work, filter="data")
         for name, data in files.items():
             self.put_file(sandbox, name, data)
-        self._own(sandbox, chosen)
-        return sandbox
+        return self._own(sandbox, chosen)
 
     def get(self, sandbox_id: str) -> Sandbox:
         meta = self._read_meta(self.root / sandbox_id)
@@ -189,6 +198,7 @@ class SandboxHost:
             str(meta["backend"]),
             self.root / sandbox_id,
             tuple(meta.get("read_only_paths") or ()),
+            meta.get("uid"),
         )
 
     def exists(self, sandbox_id: str) -> bool:
@@ -200,7 +210,12 @@ class SandboxHost:
         if not path.exists():
             return False
         await self._kill_commands(path)
+        uid = (self._read_meta(path) or {}).get("uid")
         self._remove(path)
+        if uid is not None:
+            # Only once the directory is gone: until then its files are the uid's, and a
+            # sandbox handed the uid now could reach them.
+            self.uids.release(path, int(uid))
         return True
 
     def ids(self) -> list[str]:
@@ -220,9 +235,8 @@ class SandboxHost:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
-        uid = BACKENDS[sandbox.backend].runs_as(sandbox.id)
-        if uid is not None:
-            os.chown(target, uid, uid, follow_symlinks=False)
+        if sandbox.uid is not None:
+            os.chown(target, sandbox.uid, sandbox.uid, follow_symlinks=False)
 
     def collect(
         self, sandbox: Sandbox, patterns: Iterable[str], max_bytes: int
@@ -272,14 +286,16 @@ class SandboxHost:
         backend = require_backend(sandbox.backend)
         if not sandbox.work.is_dir():
             raise SandboxGone(f"sandbox {sandbox.id} has no working directory")
-        self._own(sandbox, backend)
+        sandbox = self._own(sandbox, backend)
+        # A sandbox made by an earlier version has an empty /dev in its skeleton.
+        _furnish_dev(sandbox.path / "rootfs" / "dev")
         spec = CommandSpec(
             sandbox_dir=sandbox.path,
             container_id=f"ll-{sandbox.id}-{uuid.uuid4().hex[:8]}",
             argv=tuple(argv),
             limits=limits,
             read_only_paths=sandbox.read_only_paths,
-            uid=backend.runs_as(sandbox.id),
+            uid=sandbox.uid,
         )
         command = backend.command(spec, self.state_dir)
         started = time.monotonic()
@@ -300,46 +316,46 @@ class SandboxHost:
         marker.write_text(
             json.dumps({"pid": proc.pid, "start": process_start(proc.pid), "uid": spec.uid})
         )
-        budget = [limits.output_bytes]
-        seen = [0]
+        output = _Output(limits.output_bytes)
         streams = [
-            asyncio.ensure_future(_read_capped(proc.stdout, budget, seen)),
-            asyncio.ensure_future(_read_capped(proc.stderr, budget, seen)),
+            asyncio.ensure_future(output.read(proc.stdout, output.stdout)),
+            asyncio.ensure_future(output.read(proc.stderr, output.stderr)),
         ]
         timed_out = False
         try:
             faults.hit("sandbox.during_command")
             try:
                 async with asyncio.timeout(limits.time_s):
-                    await asyncio.gather(*streams)
+                    # asyncio.wait, not gather: the timeout must not cancel the readers while
+                    # the guest's last words may still be in the pipes.
+                    await asyncio.wait(streams)
                     await proc.wait()
             except TimeoutError:
                 timed_out = True
                 await backend.kill(spec, self.state_dir, proc.pid)
                 await proc.wait()
-                # The pipes close with the container: keep what it wrote before the kill.
+                # The pipes close with the container: read what it wrote before the kill.
                 await asyncio.wait(streams, timeout=2.0)
         except BaseException:
             # Cancelled (the run was stopped) or failed: the command must not outlive us.
             await backend.kill(spec, self.state_dir, proc.pid)
             raise
         finally:
+            # What the readers took so far is kept in `output` whether or not they finished.
             for task in streams:
                 task.cancel()
             if isinstance(backend, Gvisor):
                 await runsc_delete(backend, self.state_dir, spec.container_id)
-            elif spec.uid is not None:
-                # Nothing of the guest outlives its command (a child still dying included).
-                kill_uid(spec.uid)
+            # bwrap: the command's pid namespace died with its init (see Bwrap.kill); no
+            # sweep of the sandbox's uid, which another command of the sandbox may be using.
             marker.unlink(missing_ok=True)
-        out, err = (_finished(task) for task in streams)
         return ExecResult(
             exit_code=proc.returncode if proc.returncode is not None else -9,
-            stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"),
+            stdout=output.stdout.decode("utf-8", "replace"),
+            stderr=output.stderr.decode("utf-8", "replace"),
             timed_out=timed_out,
-            truncated=seen[0] > limits.output_bytes,
-            output_bytes=seen[0],
+            truncated=output.seen > limits.output_bytes,
+            output_bytes=output.seen,
             duration_s=time.monotonic() - started,
         )
 
@@ -423,18 +439,27 @@ class SandboxHost:
                 if isinstance(backend, Gvisor) and not backend.missing():
                     await runsc_delete(backend, self.state_dir, marker.name)
             marker.unlink(missing_ok=True)
-        if backend is not None:
-            uid = backend.runs_as(path.name)
-            if uid is not None:
-                kill_uid(uid)
+        uid = meta.get("uid")
+        if isinstance(uid, int) and self.uids.holder(uid) == path:
+            # While the sandbox holds its lease, the uid is its alone: this reaches its
+            # processes (a command whose worker died included) and nobody else's.
+            kill_uid(uid)
 
-    def _own(self, sandbox: Sandbox, backend: Backend) -> None:
-        uid = backend.runs_as(sandbox.id)
-        if uid is not None:
+    def _own(self, sandbox: Sandbox, backend: Backend) -> Sandbox:
+        """Record this worker as the sandbox's owner; for a backend that runs sandboxes as
+        their own uid, make sure the sandbox still holds its lease and /work is that uid's."""
+        if backend.own_uid:
+            uid = self.uids.acquire(sandbox.path, prefer=sandbox.uid)
+            if uid != sandbox.uid:
+                # Made before uids were leased, or its lease was lost (the lease directory
+                # is under /run, emptied by a reboot): a new uid, and /work handed over to it.
+                _chown_tree(sandbox.work, uid)
+                sandbox = replace(sandbox, uid=uid)
             os.chown(sandbox.work, uid, uid)
         meta = self._read_meta(sandbox.path) or {}
-        if meta.get("owner") != _me():
+        if meta.get("owner") != _me() or meta.get("uid") != sandbox.uid:
             self._write_meta(sandbox)
+        return sandbox
 
     def _write_meta(self, sandbox: Sandbox) -> None:
         meta = {
@@ -442,6 +467,7 @@ class SandboxHost:
             "backend": sandbox.backend,
             "read_only_paths": list(sandbox.read_only_paths),
             "owner": _me(),
+            "uid": sandbox.uid,
         }
         tmp = sandbox.path / "sandbox.json.tmp"
         tmp.write_text(json.dumps(meta))
@@ -473,25 +499,47 @@ def _check_reachable(root: Path) -> None:
             )
 
 
-def _finished(task: asyncio.Future[bytes]) -> bytes:
-    if task.done() and not task.cancelled() and task.exception() is None:
-        return task.result()
-    return b""
+def _furnish_dev(dev: Path) -> None:
+    """The skeleton's /dev (read-only in the guest): a mount point for each device the
+    backends bind, the usual links, and an empty pts (gVisor covers its devpts with it)."""
+    (dev / "pts").mkdir(mode=0o755, exist_ok=True)
+    for device in GUEST_DEVICES:
+        (dev / device).touch(mode=0o644, exist_ok=True)
+    for name, target in GUEST_DEV_LINKS.items():
+        if not (dev / name).is_symlink():
+            (dev / name).symlink_to(target)
 
 
-async def _read_capped(
-    stream: asyncio.StreamReader | None, budget: list[int], seen: list[int]
-) -> bytes:
-    """Read a stream to its end, keeping what fits the shared budget."""
-    if stream is None:
-        return b""
-    kept = bytearray()
-    while True:
-        chunk = await stream.read(CHUNK)
-        if not chunk:
-            return bytes(kept)
-        seen[0] += len(chunk)
-        room = max(0, budget[0])
-        if room:
-            kept += chunk[:room]
-            budget[0] -= min(room, len(chunk))
+def _chown_tree(top: Path, uid: int) -> None:
+    """Give a directory and everything under it to uid, following no link (nothing of the
+    sandbox runs while this happens: it is called before a command starts)."""
+    os.chown(top, uid, uid, follow_symlinks=False)
+    for directory, dirs, files in os.walk(top):
+        for name in (*dirs, *files):
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(os.path.join(directory, name), uid, uid, follow_symlinks=False)
+
+
+class _Output:
+    """stdout and stderr as the guest writes them, kept up to one shared budget.
+
+    Kept here as it is read, not returned by the readers at their end: a reader stopped by a
+    timeout or a cancel has still kept everything it read (a command that prints and then
+    loops keeps what it printed).
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.room = budget
+        self.seen = 0
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+
+    async def read(self, stream: asyncio.StreamReader | None, kept: bytearray) -> None:
+        """Read a stream to its end; what passes the budget is counted and dropped."""
+        if stream is None:
+            return
+        while chunk := await stream.read(CHUNK):
+            self.seen += len(chunk)
+            if self.room > 0:
+                kept += chunk[: self.room]
+                self.room -= min(self.room, len(chunk))
