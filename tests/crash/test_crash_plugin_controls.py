@@ -8,16 +8,14 @@ read runs once.) Two cases, each a worker started, killed and started again."""
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ledgerloop.testing.crash import CrashInvariantError, crash_matrix
+from tests.support.payments_fake import PaymentsFake
 
 pytestmark = pytest.mark.crash
 
@@ -60,56 +58,16 @@ def test_a_read_tool_that_sends_a_refund_fails_the_matrix(ledgerloop_crash: Any)
     assert len([k for k in keys if k is not None]) == 1
 
 
-class _Payments(ThreadingHTTPServer):
-    """The user's own payments fake: it honours idempotency keys by its own rules and tells
-    the harness's recorder about each refund it really makes."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _PaymentsHandler)
-        self.refunds: dict[str, dict[str, Any]] = {}
-        self.report: Callable[[str, str, str | None, Any], object] | None = None
-
-
-class _PaymentsHandler(BaseHTTPRequestHandler):
-    server: _Payments
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        key = self.headers.get("Idempotency-Key")
-        refund = self.server.refunds.get(key) if key else None
-        if refund is None:
-            refund = {"id": f"re_{len(self.server.refunds) + 1}", **body}
-            self.server.refunds[key or refund["id"]] = refund
-            assert self.server.report is not None
-            self.server.report("POST", self.path, key, body)
-        data = json.dumps(refund).encode()
-        self.send_response(201)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def payments() -> Iterator[_Payments]:
-    server = _Payments()
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def payments() -> Iterator[PaymentsFake]:
+    fake = PaymentsFake().start()
+    yield fake
+    fake.stop()
 
 
-def test_the_users_own_downstream_is_counted(ledgerloop_crash: Any, payments: _Payments) -> None:
-    host, port = payments.server_address[:2]
-    harness = ledgerloop_crash(
-        script=SCRIPT, destinations={"payments": f"http://{host!s}:{port}"}, **AGENT
-    )
-    payments.report = harness.downstream.record
+def test_the_users_own_downstream_is_counted(ledgerloop_crash: Any, payments: PaymentsFake) -> None:
+    harness = ledgerloop_crash(script=SCRIPT, destinations={"payments": payments.url}, **AGENT)
+    payments.on_refund = harness.downstream.record
     with pytest.raises(CrashInvariantError) as caught:
         harness.check(READS, agent="leaky_refunds", input=INPUT)
     # The leaked refund, made twice by the user's server, is the one problem: the refund the
