@@ -227,3 +227,18 @@ def test_an_engine_without_testcontainers_still_gets_a_server_from_local_binarie
         assert "ledgerloop[testing]" in server.source
         with psycopg.connect(server.admin_url, autocommit=True) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_the_testing_extra_brings_testcontainers_and_dev_brings_the_testing_extra() -> None:
+    """What docs/testing.md tells users to install: `ledgerloop[testing]` has what the plugin
+    uses beyond the package (pytest; testcontainers for Docker), and `dev` keeps it."""
+    import tomllib
+
+    from tests.conftest import REPO
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    names = {spec.split(">")[0].split("<")[0] for spec in extras["testing"]}
+    assert {"pytest", "testcontainers[postgres]"} <= names
+    assert "ledgerloop[testing]" in extras["dev"]

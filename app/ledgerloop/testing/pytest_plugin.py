@@ -4,8 +4,9 @@ Installed with the package (entry point `pytest11`), so any project that install
 has these fixtures without importing anything:
 
 - `ledgerloop_postgres`: a Postgres server for the session, from LEDGERLOOP_TEST_DATABASE_URL,
-  else testcontainers when a Docker engine answers, else a throwaway cluster from local
-  binaries; the header of the run says which.
+  else testcontainers when a Docker engine answers and testcontainers is installed (the
+  `ledgerloop[testing]` extra), else a throwaway cluster from local binaries; the end of the
+  run says which.
 - `ledgerloop_database`: a fresh, migrated database for this test (its URL).
 - `ledgerloop_model`: start a scripted Messages API server from a script file (a Path, or a
   file name ending in .yaml/.yml/.json, relative to the test file's directory), YAML text or
