@@ -391,8 +391,8 @@ class CrashHarness:
 
         # A delivery whose key is no effect's (or that has none) did not come through the
         # outbox: it is counted by what it asked for, so that a read tool's side effect
-        # repeated by a crash is a duplicate too. Every effect of the database counts, so
-        # that other runs of this harness's deliveries are theirs, not strangers.
+        # repeated by a crash is a duplicate too. The keys of every run in the database are
+        # the ledger's: a harness may drive several runs, each delivering under its own.
         with self._conn() as conn:
             rows = conn.execute("SELECT idempotency_key FROM ledgerloop.activity_effect")
             ledger_keys = {r["idempotency_key"] for r in rows.fetchall()}
