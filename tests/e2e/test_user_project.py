@@ -19,7 +19,7 @@ pytestmark = pytest.mark.crash
 PROJECT = Path(__file__).resolve().parents[1] / "user_project"
 
 
-# The whole project in one test: 21 cases, each starting and killing real processes.
+# The whole project in one test: 23 cases, each starting and killing real processes.
 @pytest.mark.timeout(1500)
 def test_user_project_passes_the_crash_matrix_and_catches_a_lying_downstream() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LEDGERLOOP_FAULTS")}
@@ -34,9 +34,9 @@ def test_user_project_passes_the_crash_matrix_and_catches_a_lying_downstream() -
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "ledgerloop: test Postgres from " in out
-    # Every case ran, none skipped: 12 boundaries of the matrix, 4 of its effect boundaries
+    # Every case ran, none skipped: 14 boundaries of the matrix, 4 of its effect boundaries
     # with the relay inside the worker, 2 of compensation, the lying downstream and 3
     # approval-abuse tests.
-    assert re.search(r"^21 passed\b", out, re.MULTILINE), out[-2000:]
+    assert re.search(r"^23 passed\b", out, re.MULTILINE), out[-2000:]
     # The project imported nothing of this repository's own test suite.
     assert "tests.support" not in out

@@ -15,8 +15,11 @@ pytestmark = pytest.mark.crash
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "app" / "ledgerloop" / "models" / "scripts" / "ops_demo.yaml"
 
+# search_kb is a read tool: it rides think-1, so the kill between it and that step's record
+# is in the matrix, as docs/testing.md asks of any conversation with reads.
 MATRIX = crash_matrix(
     approval=True,
+    reads=True,
     steps=["memory-load", "think-0", "think-1", "tool-1-*", "think-2"],
 )
 

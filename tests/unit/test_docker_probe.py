@@ -203,3 +203,42 @@ def test_a_tcp_engine_answers_and_a_closed_port_does_not(clean_env: Path) -> Non
     started = time.monotonic()
     assert not engine_answers(f"tcp://127.0.0.1:{port}")
     assert time.monotonic() - started < PING_TIMEOUT_S + 0.5
+
+
+def test_an_engine_without_testcontainers_still_gets_a_server_from_local_binaries(
+    clean_env: Path, unix_engine: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user who installed `ledgerloop` without the `testing` extra has no testcontainers: an
+    engine that answers must not turn into a ModuleNotFoundError. The module is hidden the way
+    an absent one is (None in sys.modules makes its import raise ModuleNotFoundError)."""
+    import sys
+
+    import psycopg
+
+    from ledgerloop.testing.postgres import ENV_URL, postgres_server
+
+    url = unix_engine(clean_env / "run" / "docker.sock")
+    monkeypatch.delenv(ENV_URL, raising=False)
+    monkeypatch.setitem(sys.modules, "testcontainers", None)
+    monkeypatch.setitem(sys.modules, "testcontainers.postgres", None)
+    with postgres_server() as server:
+        assert server.source.startswith("local-cluster ("), server.source
+        assert f"a Docker engine answered at {url}" in server.source
+        assert "ledgerloop[testing]" in server.source
+        with psycopg.connect(server.admin_url, autocommit=True) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_the_testing_extra_brings_testcontainers_and_dev_brings_the_testing_extra() -> None:
+    """What docs/testing.md tells users to install: `ledgerloop[testing]` has what the plugin
+    uses beyond the package (pytest; testcontainers for Docker), and `dev` keeps it."""
+    import tomllib
+
+    from tests.conftest import REPO
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    names = {spec.split(">")[0].split("<")[0] for spec in extras["testing"]}
+    assert {"pytest", "testcontainers[postgres]"} <= names
+    assert "ledgerloop[testing]" in extras["dev"]

@@ -11,8 +11,12 @@ import pytest
 
 from ledgerloop.testing.crash import CrashInvariantError, crash_matrix
 
+# The conversation asks for a read tool first (find_order rides think-1), so the kill between
+# that read and its step's record is in the matrix, with the kill before the model call.
 MATRIX = crash_matrix(
     approval=True,
+    reads=True,
+    model_call=True,
     steps=["memory-load", "think-0", "think-1", "tool-1-*", "think-2"],
 )
 

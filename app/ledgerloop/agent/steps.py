@@ -303,6 +303,9 @@ async def _ask(
         server_address=rt.model.server_address,
         server_port=rt.model.server_port,
     )
+    # The crash matrix's boundary "before the model call": the step (and its reads) ran up
+    # to here and nothing was asked; a repeat must ask once.
+    hit("think.before_model_call")
     with chat_span(
         model,
         server_address=rt.model.server_address,

@@ -8,8 +8,9 @@ step the conversation records); `CrashHarness.check()` runs one of them end to e
 
 The invariants, checked after every kill:
 
-- at most one real side effect per logical call (idempotency key), and exactly one for every
-  effect the ledger says succeeded when the run succeeded;
+- at most one real side effect per logical call (idempotency key; a request that came without
+  one, or with a key the ledger does not know, by its method, path and body), and exactly one
+  for every effect the ledger says succeeded when the run succeeded;
 - the run is terminal, or visibly parked for a person (waiting for approval, or reconciling an
   effect marked needs_human);
 - no model turn whose answer was recorded is requested again;
@@ -83,6 +84,19 @@ COMPENSATION_BOUNDARIES = (
     Boundary("during compensation (worker)", "worker", "loop.after_compensation_recorded"),
     Boundary("during compensation (relay)", "relay", "relay.before_send_compensation"),
 )
+#: A turn of read tools runs inside the next think step, and its results are journaled with
+#: that step's model call: a worker killed between the two runs the reads again. A read with a
+#: side effect (a refund sent from a read tool, bypassing the outbox) is performed twice here
+#: and at no other boundary. `think.after_tools` is the same place for a turn that also holds
+#: plain writes (its reads ran, its writes were recorded, the step was not).
+READS_BOUNDARY = Boundary(
+    "after a turn's reads ran, before their step is recorded",
+    "worker",
+    "think.after_reads,think.after_tools",
+)
+#: The first think step killed after everything but the model call: the repeat must ask the
+#: model once, and not lose the run.
+MODEL_CALL_BOUNDARY = Boundary("before the model call", "worker", "think.before_model_call")
 
 
 def _exits(proc: subprocess.Popen[bytes], within: float) -> bool:
@@ -109,10 +123,14 @@ def crash_matrix(
     effects: bool = True,
     approval: bool = False,
     compensation: bool = False,
+    reads: bool = False,
+    model_call: bool = False,
 ) -> list[Boundary]:
     """The boundaries a conversation reaches: the effect ones when it has a write tool, the
     approval ones when a call needs approval, the compensation ones when the run fails after
-    a compensable effect, and one kill after each recorded step in `steps`."""
+    a compensable effect, the kill between a turn's reads and their step's record when
+    `reads` (the conversation asks for read tools), the kill before the first model call when
+    `model_call`, and one kill after each recorded step in `steps`."""
     cases: list[Boundary] = []
     if effects:
         cases += EFFECT_BOUNDARIES
@@ -120,6 +138,10 @@ def crash_matrix(
         cases += APPROVAL_BOUNDARIES
     if compensation:
         cases += COMPENSATION_BOUNDARIES
+    if reads:
+        cases.append(READS_BOUNDARY)
+    if model_call:
+        cases.append(MODEL_CALL_BOUNDARY)
     cases += [step_boundary(s) for s in steps]
     return cases
 
@@ -367,8 +389,15 @@ class CrashHarness:
         effects = self._effects(run_id)
         problems: list[str] = []
 
-        for key, count in self.downstream.duplicates().items():
-            problems.append(f"logical call {key} was performed {count} times downstream")
+        # A delivery whose key is no effect's (or that has none) did not come through the
+        # outbox: it is counted by what it asked for, so that a read tool's side effect
+        # repeated by a crash is a duplicate too. The keys of every run in the database are
+        # the ledger's: a harness may drive several runs, each delivering under its own.
+        with self._conn() as conn:
+            rows = conn.execute("SELECT idempotency_key FROM ledgerloop.activity_effect")
+            ledger_keys = {r["idempotency_key"] for r in rows.fetchall()}
+        for call, count in self.downstream.duplicates(ledger_keys).items():
+            problems.append(f"logical call {call} was performed {count} times downstream")
         performed = self.downstream.count_by_key()
         if run["status"] == "succeeded":
             for effect in effects:

@@ -8,7 +8,16 @@ duplicate) creates a new effect every time. Any `GET` whose path ends with a key
 200 with what that key created, or 404.
 
 The invariant it serves: at most one real effect per logical call, where the logical call is
-the idempotency key (`{run_id}:{tool_call_id}`, `...:compensate` for a compensation).
+the idempotency key (`{run_id}:{tool_call_id}`, `...:compensate` for a compensation). A
+request without a key (a side effect made by a read tool, or by any code outside the outbox)
+is its own logical call by what it asked for: method, path and body. The same keyless request
+performed twice is a duplicate, since neither the downstream nor anyone else can tell the
+second from the first.
+
+Your own downstream (a fake of your provider, with its own rules) can be counted instead:
+give the destination its URL (`ledgerloop_crash(destinations={"payments": url})`) and have it
+report each side effect it performs, in process with `record()` or from another process with
+`POST {url}/_ledgerloop/performed` (`{"method", "path", "key", "body"}`, JSON).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -36,6 +46,19 @@ class RecordedEffect:
 
     def answer(self) -> dict[str, Any]:
         return {"id": self.id, "status": "created", "idempotency_key": self.key}
+
+    def logical_call(self, ledger_keys: Collection[str] | None = None) -> str:
+        """The logical call this effect belongs to: its idempotency key; else (no key, or,
+        when `ledger_keys` is given, a key no effect in the ledger has, so it did not come
+        through the outbox) the request it was, so that the same request twice counts twice."""
+        if self.key is not None and (ledger_keys is None or self.key in ledger_keys):
+            return self.key
+        body = json.dumps(self.body, sort_keys=True, default=str)
+        if self.key is None:
+            return f"keyless {self.method} {self.path} {body}"
+        # Not the key itself: code that makes a fresh key each time it runs sends one call
+        # under many keys.
+        return f"{self.method} {self.path} {body} (with a key that is no effect's in the ledger)"
 
 
 class _Server(ThreadingHTTPServer):
@@ -68,9 +91,26 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(400, {"error": "the body is not JSON"})
             return
         owner = self.server.owner
+        if self.command == "POST" and urlsplit(self.path).path == REPORT_PATH:
+            self._report(body)
+            return
         key = self.headers.get(owner.key_header)
         status, answer = owner.perform(self.command, urlsplit(self.path).path, key, body)
         self._reply(status, answer)
+
+    def _report(self, body: Any) -> None:
+        # Another process's downstream saying it performed a side effect: recorded, not done.
+        if not (
+            isinstance(body, dict)
+            and isinstance(body.get("method"), str)
+            and isinstance(body.get("path"), str)
+            and isinstance(body.get("key"), str | None)
+        ):
+            self._reply(400, {"error": 'expected {"method", "path", "key", "body"}'})
+            return
+        owner = self.server.owner
+        effect = owner.record(body["method"], body["path"], body["key"], body.get("body"))
+        self._reply(201, effect.answer())
 
     do_POST = do_PUT = do_PATCH = do_DELETE = _write
 
@@ -84,6 +124,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the record is the log
+
+
+#: Where a downstream in another process reports the side effects it performed.
+REPORT_PATH = "/_ledgerloop/performed"
 
 
 class RecordingDownstream:
@@ -137,6 +181,22 @@ class RecordingDownstream:
             self._effects.append(effect)
         return 201, effect.answer()
 
+    def record(self, method: str, path: str, key: str | None, body: Any = None) -> RecordedEffect:
+        """Count a side effect your own downstream performed (it decided, by its own rules,
+        that this request does something): the invariants then count it as they count this
+        recorder's own. Call it once per real effect, not for a request it answered from an
+        earlier one."""
+        with self._lock:
+            effect = RecordedEffect(f"EFF-{len(self._effects) + 1:06d}", method, path, key, body)
+            self._effects.append(effect)
+        return effect
+
+    @property
+    def report_url(self) -> str:
+        """Where another process reports what it performed (`POST`, JSON: method, path, key,
+        body)."""
+        return self.url + REPORT_PATH
+
     def lookup(self, path: str) -> RecordedEffect | None:
         with self._lock:
             for done in self._effects:
@@ -153,9 +213,12 @@ class RecordingDownstream:
     def count_by_key(self) -> Counter[str | None]:
         return Counter(e.key for e in self.effects())
 
-    def duplicates(self) -> dict[str, int]:
-        """Logical calls (idempotency keys) performed more than once."""
-        return {k: n for k, n in self.count_by_key().items() if k is not None and n > 1}
+    def duplicates(self, ledger_keys: Collection[str] | None = None) -> dict[str, int]:
+        """Logical calls performed more than once: by idempotency key, and a request without
+        one (or with a key none of `ledger_keys` is, when given) by its method, path and body
+        (`RecordedEffect.logical_call`)."""
+        calls = Counter(e.logical_call(ledger_keys) for e in self.effects())
+        return {call: n for call, n in calls.items() if n > 1}
 
     def reset(self) -> None:
         with self._lock:

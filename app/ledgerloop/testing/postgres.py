@@ -1,10 +1,10 @@
 """Where test databases come from, and how each test gets a fresh one fast.
 
 Provider order: LEDGERLOOP_TEST_DATABASE_URL; else testcontainers' PostgresContainer when a
-Docker engine answers (where the probe looks: testing/docker_engine.py); else a throwaway
-cluster from local binaries. Each test gets its own database cloned from a migrated template
-(CREATE DATABASE ... TEMPLATE takes tens of ms, where migrating DBOS's 125 steps takes about a
-second).
+Docker engine answers (where the probe looks: testing/docker_engine.py) and testcontainers is
+installed (the `ledgerloop[testing]` extra); else a throwaway cluster from local binaries.
+Each test gets its own database cloned from a migrated template (CREATE DATABASE ... TEMPLATE
+takes tens of ms, where migrating DBOS's 125 steps takes about a second).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -53,6 +54,15 @@ def _docker_host(host: str) -> Iterator[None]:
             os.environ["DOCKER_HOST"] = before
 
 
+def _postgres_container() -> Any:
+    """testcontainers' PostgresContainer, or None when testcontainers is not installed."""
+    try:
+        from testcontainers.postgres import PostgresContainer
+    except ModuleNotFoundError:
+        return None
+    return PostgresContainer
+
+
 @contextmanager
 def postgres_server() -> Iterator[PostgresServer]:
     """Yield a server by the provider order above; stop it afterwards if we started it.
@@ -64,13 +74,25 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield PostgresServer(url, f"env ({ENV_URL})")
         return
     host, asked = find_docker_engine()
-    if host is not None:
-        from testcontainers.postgres import PostgresContainer
-
-        with _docker_host(host), PostgresContainer("postgres:16-alpine", driver=None) as container:
+    container_class = _postgres_container() if host is not None else None
+    if host is not None and container_class is not None:
+        with (
+            _docker_host(host),
+            container_class("postgres:16-alpine", driver=None) as container,
+        ):
             yield PostgresServer(container.get_connection_url(), f"testcontainers at {host}")
         return
-    why = f"no Docker engine answered at {', '.join(asked)}" if asked else "no Docker engine found"
+    if host is not None:
+        # The package alone does not bring testcontainers (the `testing` extra does): an engine
+        # that answers is no reason to fail a user's run that local binaries can serve.
+        why = (
+            f"a Docker engine answered at {host}, but testcontainers is not installed; "
+            "pip install 'ledgerloop[testing]' to use it"
+        )
+    elif asked:
+        why = f"no Docker engine answered at {', '.join(asked)}"
+    else:
+        why = "no Docker engine found"
     with tempfile.TemporaryDirectory(prefix="ledgerloop-pg-") as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster")
         cluster.start()

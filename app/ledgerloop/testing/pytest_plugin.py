@@ -4,8 +4,9 @@ Installed with the package (entry point `pytest11`), so any project that install
 has these fixtures without importing anything:
 
 - `ledgerloop_postgres`: a Postgres server for the session, from LEDGERLOOP_TEST_DATABASE_URL,
-  else testcontainers when a Docker engine answers, else a throwaway cluster from local
-  binaries; the header of the run says which.
+  else testcontainers when a Docker engine answers and testcontainers is installed (the
+  `ledgerloop[testing]` extra), else a throwaway cluster from local binaries; the end of the
+  run says which.
 - `ledgerloop_database`: a fresh, migrated database for this test (its URL).
 - `ledgerloop_model`: start a scripted Messages API server from a script file (a Path, or a
   file name ending in .yaml/.yml/.json, relative to the test file's directory), YAML text or
@@ -171,9 +172,11 @@ def ledgerloop_crash(
     tmp_path: Path,
 ) -> Iterator[Callable[..., CrashHarness]]:
     """`ledgerloop_crash(script=..., destinations=[...], one_process=False)` -> a CrashHarness;
-    every destination named points at one recording downstream. `one_process`: a worker that
-    runs the relay, as `ledgerloop up` does, instead of a worker and a relay apart. Processes
-    are stopped after the test."""
+    every destination named points at one recording downstream (`harness.downstream`), or,
+    given a mapping of names to URLs, at your own servers, which report what they performed
+    to `harness.downstream` (`record()`, or `POST harness.downstream.report_url`).
+    `one_process`: a worker that runs the relay, as `ledgerloop up` does, instead of a worker
+    and a relay apart. Processes are stopped after the test."""
     from ledgerloop.testing.crash import CrashHarness, harness_env
 
     harnesses: list[CrashHarness] = []
@@ -182,7 +185,7 @@ def ledgerloop_crash(
     def make(
         *,
         script: str | Path | Mapping[str, Any],
-        destinations: list[str] | tuple[str, ...] = (),
+        destinations: list[str] | tuple[str, ...] | Mapping[str, str] = (),
         honours_keys: bool = True,
         agent_modules: list[str] | None = None,
         policy_file: str | Path | None = None,
@@ -209,7 +212,13 @@ def ledgerloop_crash(
             agent_modules=modules,
             policy_file=policy,
             model_url=model.url,
-            destinations={name: downstream.url for name in destinations},
+            # A mapping names the user's own servers: they count themselves (they report to
+            # the recorder), so nothing of theirs is sent through it.
+            destinations=(
+                dict(destinations)
+                if isinstance(destinations, Mapping)
+                else {name: downstream.url for name in destinations}
+            ),
             pythonpath=pythonpath,
         )
         logs = tmp_path / f"crash-{len(harnesses)}"
