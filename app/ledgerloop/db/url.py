@@ -57,7 +57,7 @@ def validate_url(url: str) -> str:
         bad = [p for p in ports if p and not p.isdigit()]
         if bad or not any(ports):
             raise DatabaseUrlInvalid(
-                f"LEDGERLOOP_DATABASE_URL has a bad port {(bad or [port])[0]!r}", fix=_FIX
+                f"LEDGERLOOP_DATABASE_URL has a bad port {(bad or [str(port)])[0]!r}", fix=_FIX
             )
         if len(ports) > 1 and len(ports) != len(hosts):
             raise DatabaseUrlInvalid(
