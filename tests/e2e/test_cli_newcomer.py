@@ -189,3 +189,37 @@ def test_an_agent_module_in_the_current_directory_imports_and_a_broken_one_is_na
     (line,) = broken.stderr.splitlines()
     assert "importing agent module 'broken_agents' raised JSONDecodeError" in line
     assert "Traceback" not in broken.stderr
+
+
+def test_ids_are_never_cut_in_an_80_column_terminal(db_url: str, conn: Conn) -> None:
+    import pty
+    import re
+
+    approval = run_awaiting_approval(conn)
+    primary, secondary = pty.openpty()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGERLOOP_", "PYTHONPATH"))}
+    try:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "ledgerloop"), "approvals", "list"],
+            env={**base, "LEDGERLOOP_DATABASE_URL": db_url, "COLUMNS": "80", "TERM": "xterm"},
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=secondary,
+            stderr=secondary,
+        )
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the terminal closed: the command has ended
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        os.close(primary)
+    screen = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", b"".join(chunks).decode())
+    assert str(approval.id) in screen, screen
+    assert approval.action_hash in screen, screen

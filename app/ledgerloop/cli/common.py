@@ -170,13 +170,16 @@ def show_rows(
     from rich.table import Table
     from rich.text import Text
 
+    cells = [[_cell(record.get(key)) for _, key in columns] for record in records]
     table = Table()
-    for header, key in columns:
-        whole = key in WHOLE
-        table.add_column(header, no_wrap=whole, overflow="fold")
-    for record in records:
-        table.add_row(*(Text(_cell(record.get(key))) for _, key in columns))
-    out.print(table)
+    for i, (header, key) in enumerate(columns):
+        # In a terminal narrower than the table the other columns wrap; these keep their
+        # width, and the lines run past the edge (crop=False) rather than lose a character.
+        whole = max(len(row[i]) for row in cells) if key in WHOLE else None
+        table.add_column(header, overflow="fold", min_width=whole)
+    for row in cells:
+        table.add_row(*(Text(cell) for cell in row))
+    out.print(table, crop=False)
 
 
 def _cell(value: Any) -> str:
