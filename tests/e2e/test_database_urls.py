@@ -82,8 +82,14 @@ def test_a_wrong_password_is_an_authentication_failure_naming_the_user(
     right = f"postgresql://alice:{PASSWORD}@127.0.0.1:{port}/postgres"
     with psycopg.connect(right) as conn:  # the password works: only a wrong one is refused
         assert conn.execute("SELECT current_user").fetchone() == ("alice",)
-    for command in (["runs", "list"], ["db", "upgrade"]):
-        result = _cli(f"postgresql://alice:{WRONG}@127.0.0.1:{port}/postgres", *command)
+    dead = free_port()
+    for command, hosts in (
+        (["runs", "list"], f"127.0.0.1:{port}"),
+        (["db", "upgrade"], f"127.0.0.1:{port}"),
+        # The refusal comes second, after the dead first host's failure.
+        (["runs", "list"], f"127.0.0.1:{dead},127.0.0.1:{port}"),
+    ):
+        result = _cli(f"postgresql://alice:{WRONG}@{hosts}/postgres", *command)
         line = _one_line(result)
         assert "refused user 'alice'" in line, line
         assert "password authentication failed" in line, line

@@ -100,9 +100,10 @@ def translated(url: str, action: str) -> Iterator[None]:
                 f"database {target} does not exist",
                 fix="create it (createdb) or point LEDGERLOOP_DATABASE_URL at an existing database",
             ) from exc
-        if _AUTH_FAILED.search(text):
+        # Every line: with several hosts, the refusal may follow the first host's failure.
+        if _AUTH_FAILED.search(str(exc)):
             raise DatabaseAuthenticationFailed(
-                f"the database at {target} refused user {_user(url)!r}: {_auth_reason(text)}",
+                f"the database at {target} refused user {_user(url)!r}: {_auth_reason(str(exc))}",
                 fix="check the password for that user in LEDGERLOOP_DATABASE_URL (or "
                 "PGPASSWORD, ~/.pgpass), and that the user exists",
             ) from exc
@@ -129,7 +130,7 @@ _AUTH_FAILED = re.compile(
 def _auth_reason(text: str) -> str:
     # The server's sentence without libpq's "connection to server at ... failed: FATAL:".
     found = _AUTH_FAILED.search(text)
-    return text[found.start() :].strip() if found else "authentication failed"
+    return text[found.start() :].splitlines()[0].strip() if found else "authentication failed"
 
 
 def _user(url: str) -> str:
