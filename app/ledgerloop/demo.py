@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ledgerloop.agent.definition import EXAMPLE_AGENT_MODULE
@@ -21,6 +22,19 @@ from ledgerloop.runs.states import TERMINAL, RunStatus
 from ledgerloop.runs.store import Run, run_events, run_require
 
 DEMO_MESSAGE = "db-1 is out of disk space and writes are failing. What should we do?"
+
+#: The examples' tool policy, shipped in the package (a copy of the repository's
+#: tool_policy.yaml): an installed package has no checkout to find the file in.
+EXAMPLE_POLICY = Path(__file__).parent / "examples" / "tool_policy.yaml"
+
+
+def demo_policy(settings: Settings) -> Path | None:
+    """The examples' policy when the configured one is the default name and the current
+    directory has no such file (a `pip install`ed package run anywhere); else None."""
+    default = Settings.model_fields["policy_file"].default
+    if settings.policy_file == default and not settings.policy_file.exists():
+        return EXAMPLE_POLICY
+    return None
 
 
 def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -60,6 +74,9 @@ def run_demo(settings: Settings, url: str, say: Callable[[str], None]) -> Run:
     overrides["agent_modules"] = tuple(
         dict.fromkeys((EXAMPLE_AGENT_MODULE, *settings.agent_modules))
     )
+    if (policy := demo_policy(settings)) is not None:
+        overrides["policy_file"] = policy
+        say(f"no {settings.policy_file} here: the examples' policy {policy}")
     settings = settings.model_copy(update=overrides)
     options = WorkerOptions(services=build_services(settings, http=False, relay=True))
     try:

@@ -22,6 +22,7 @@ from ledgerloop.config import Settings
 from ledgerloop.db import dbos_checkpoint, dbos_journal
 from ledgerloop.db.connect import make_pool
 from ledgerloop.db.migrate import ensure_current
+from ledgerloop.db.url import validate_url
 from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.dispatch import Dispatcher
@@ -192,6 +193,8 @@ async def run_worker(
     from ledgerloop.agent.sandbox_reaper import reap_sandboxes, sandbox_reaper
 
     options = options or WorkerOptions()
+    # DBOS parses the URL with SQLAlchemy: several hosts must reach it in the query form.
+    url = validate_url(url)
     runtime = prepare(settings, url, trace_console=options.trace_console)
     install(runtime)
     tasks: list[asyncio.Task[None]] = []

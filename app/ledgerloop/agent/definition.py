@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -99,12 +100,41 @@ EXAMPLE_AGENT_MODULE = "ledgerloop.examples.ops_agent"
 
 
 def load_agent_modules(modules: Iterable[str]) -> None:
-    """Import the modules that register agents."""
+    """Import the modules that register agents.
+
+    The current directory is searched first, as `python -m` does: an agent module beside
+    where `ledgerloop` is run imports without PYTHONPATH=. (a console script's sys.path
+    starts at its own bin directory instead)."""
+    modules = tuple(modules)
+    if modules and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     for module in modules:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise ConfigError(
-                f"cannot import agent module {module!r}: {exc}",
-                fix="check LEDGERLOOP_AGENT_MODULES (comma-separated importable modules)",
-            ) from exc
+            if exc.name is not None and f"{module}.".startswith(f"{exc.name}."):
+                # The module itself (or its package) is missing, not one of its imports.
+                raise ConfigError(
+                    f"cannot import agent module {module!r}: {exc}",
+                    fix="check LEDGERLOOP_AGENT_MODULES (comma-separated importable modules) "
+                    f"and that it is under the current directory ({os.getcwd()}) or on "
+                    "PYTHONPATH",
+                ) from exc
+            raise _import_failed(module, exc) from exc
+        except Exception as exc:
+            raise _import_failed(module, exc) from exc
+
+
+def _import_failed(module: str, exc: BaseException) -> ConfigError:
+    """One line naming the agent module and what its import raised (the traceback is on
+    the error's cause, shown with LEDGERLOOP_DEBUG=1)."""
+    detail = " ".join(str(exc).split())[:300]
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:  # the innermost frame: where in the user's code it failed
+        where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return ConfigError(
+        f"importing agent module {module!r} raised {type(exc).__name__}: {detail}{where}",
+        fix="fix the module, or remove it from LEDGERLOOP_AGENT_MODULES",
+    )

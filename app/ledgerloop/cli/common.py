@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +23,19 @@ if TYPE_CHECKING:
     from ledgerloop.db.connect import Conn
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: Exceptions that are the command line's own ways to end (an exit code, a usage error, an
+#: abort), passed on untouched. typer 0.2x vendors click, so its Exit and its usage errors are
+#: not the installed click's classes: both families are listed.
+CLI_SIGNALS: tuple[type[BaseException], ...] = (
+    typer.Exit,
+    typer.Abort,
+    typer.BadParameter.__mro__[1],  # (typer's) click.UsageError
+    *(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"),
+    click.exceptions.Exit,
+    click.ClickException,
+    click.Abort,
+)
 
 
 def user_errors(fn: F) -> F:
@@ -46,7 +60,7 @@ def user_errors(fn: F) -> F:
         except LedgerloopError as exc:
             typer.echo(f"error: {exc.one_line()}", err=True)
             raise typer.Exit(2) from None
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except CLI_SIGNALS:
             raise
         except Exception as exc:
             if os.environ.get("LEDGERLOOP_DEBUG"):
@@ -118,10 +132,62 @@ def authenticate(conn: Conn, token: str | None) -> Principal:
 
 
 def console() -> Any:
+    # Made per command so it writes to the stdout of the moment (CliRunner swaps it). Into a
+    # pipe or a file, rich would assume 80 columns and wrap ids: no width limit there.
+    import sys
+
     from rich.console import Console
 
-    # Made per command so it writes to the stdout of the moment (CliRunner swaps it).
-    return Console(highlight=False)
+    width = None if sys.stdout.isatty() else 100_000
+    return Console(highlight=False, width=width, soft_wrap=width is not None)
+
+
+#: Columns never wrapped in a terminal: ids, keys and hashes are copied whole.
+WHOLE = frozenset({"id", "run_id", "key", "action_hash", "worker"})
+
+
+def _json_default(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def show_rows(
+    records: list[dict[str, Any]],
+    columns: list[tuple[str, str]],
+    *,
+    as_json: bool,
+    empty: str,
+) -> None:
+    """`records` as one JSON document (a list) with --json, else as a table of `columns`
+    (header, key). Every cell is plain text: data from models and users (a ticket titled
+    `[/bold] disk`) is never read as rich markup."""
+    if as_json:
+        typer.echo(json.dumps(records, default=_json_default))
+        return
+    out = console()
+    if not records:
+        out.print(empty, markup=False)
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    cells = [[_cell(record.get(key)) for _, key in columns] for record in records]
+    table = Table()
+    for i, (header, key) in enumerate(columns):
+        # In a terminal narrower than the table the other columns wrap; these keep their
+        # width, and the lines run past the edge (crop=False) rather than lose a character.
+        whole = max(len(row[i]) for row in cells) if key in WHOLE else None
+        table.add_column(header, overflow="fold", min_width=whole)
+    for row in cells:
+        table.add_row(*(Text(cell) for cell in row))
+    out.print(table, crop=False)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if hasattr(value, "strftime"):
+        return when(value)
+    return str(value)
 
 
 def when(value: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import typer
 
@@ -11,9 +12,8 @@ from ledgerloop.cli.common import (
     TENANT_HELP,
     authenticate,
     connection,
-    console,
+    show_rows,
     user_errors,
-    when,
 )
 from ledgerloop.effects.messages import EffectStatus
 from ledgerloop.errors import LedgerloopError
@@ -28,26 +28,31 @@ def effects_list(
     run: uuid.UUID | None = typer.Option(None, help="Only this run's effects."),
     limit: int = typer.Option(50, min=1, max=1000),
     tenant: uuid.UUID | None = typer.Option(None, help=TENANT_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the list as one JSON document."),
 ) -> None:
     """Effects, newest first."""
-    from rich.table import Table
-
     from ledgerloop.effects.ledger import effect_list
 
     with connection(tenant) as conn:
         found = effect_list(conn, status=status, run_id=run, limit=limit)
-    table = Table("key", "tool", "status", "attempts", "destination", "error", "updated")
-    for effect in found:
-        table.add_row(
-            effect.key,
-            effect.tool,
-            effect.status.value,
-            str(effect.attempts),
-            effect.destination,
-            (effect.error or "")[:80],
-            when(effect.updated_at),
-        )
-    console().print(table if found else "no effects")
+    records: list[dict[str, Any]] = [
+        {
+            "key": effect.key,
+            "run_id": str(effect.run_id),
+            "tool": effect.tool,
+            "status": effect.status.value,
+            "attempts": effect.attempts,
+            "destination": effect.destination,
+            "error": effect.error,
+            "updated_at": effect.updated_at,
+        }
+        for effect in found
+    ]
+    table = [{**r, "error": (r["error"] or "")[:80]} for r in records]
+    columns = [("key", "key"), ("tool", "tool"), ("status", "status")]
+    columns += [("attempts", "attempts"), ("destination", "destination")]
+    columns += [("error", "error"), ("updated", "updated_at")]
+    show_rows(records if as_json else table, columns, as_json=as_json, empty="no effects")
 
 
 @effects_cli.command("resolve")

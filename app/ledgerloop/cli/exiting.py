@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
+import typer
 
 #: How long a stopped command's lingering threads get before the process ends anyway.
 GRACE_S = 5.0
@@ -27,8 +28,9 @@ GRACE_S = 5.0
 def _exit_code(exc: BaseException | None) -> int:
     if exc is None:
         return 0
-    if isinstance(exc, click.exceptions.Exit):
-        return exc.exit_code
+    # typer's own Exit is not click's since typer vendors click.
+    if isinstance(exc, (click.exceptions.Exit, typer.Exit)):
+        return int(exc.exit_code)
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) else 1
     if isinstance(exc, KeyboardInterrupt):

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from ledgerloop.cli.common import (
     connection,
-    console,
     database_url,
     reachable_database_url,
+    show_rows,
     user_errors,
-    when,
 )
 from ledgerloop.config import load_settings
 
@@ -69,33 +69,40 @@ def up(
 
 
 @user_errors
-def workers() -> None:
+def workers(
+    as_json: bool = typer.Option(False, "--json", help="Print the list as one JSON document."),
+) -> None:
     """The workers on this database: identity, host, versions, heartbeat age, runs executing."""
-    from rich.table import Table
-
     from ledgerloop.fleet.views import workers_list
 
     settings = load_settings()
     with connection() as conn:
         found = workers_list(conn)
-    table = Table(
-        "worker", "host", "pid", "app version", "ledgerloop", "started", "heartbeat", "runs"
-    )
-    for worker in found:
-        age = f"{worker.heartbeat_age_s:.1f} s ago"
-        if not worker.alive(settings.stale_after_s):
-            age += " (silent)"
-        table.add_row(
-            worker.id,
-            worker.hostname,
-            str(worker.pid),
-            worker.application_version,
-            worker.software_version or "-",
-            when(worker.started_at),
-            age,
-            str(worker.runs_executing),
-        )
-    console().print(table if found else "no workers")
+    records: list[dict[str, Any]] = [
+        {
+            "worker": worker.id,
+            "hostname": worker.hostname,
+            "pid": worker.pid,
+            "application_version": worker.application_version,
+            "software_version": worker.software_version,
+            "started_at": worker.started_at,
+            "heartbeat_age_s": round(worker.heartbeat_age_s, 3),
+            "alive": worker.alive(settings.stale_after_s),
+            "runs_executing": worker.runs_executing,
+        }
+        for worker in found
+    ]
+    table = [
+        {
+            **r,
+            "heartbeat": f"{r['heartbeat_age_s']:.1f} s ago" + ("" if r["alive"] else " (silent)"),
+        }
+        for r in records
+    ]
+    columns = [("worker", "worker"), ("host", "hostname"), ("pid", "pid")]
+    columns += [("app version", "application_version"), ("ledgerloop", "software_version")]
+    columns += [("started", "started_at"), ("heartbeat", "heartbeat"), ("runs", "runs_executing")]
+    show_rows(records if as_json else table, columns, as_json=as_json, empty="no workers")
 
 
 @user_errors

@@ -12,8 +12,8 @@ from ledgerloop.cli.common import (
     connection,
     console,
     database_url,
+    show_rows,
     user_errors,
-    when,
 )
 from ledgerloop.config import DEFAULT_TENANT, load_settings
 from ledgerloop.errors import LedgerloopError
@@ -63,53 +63,60 @@ def runs_list(
     agent: str | None = typer.Option(None, help="Only this agent's runs."),
     limit: int = typer.Option(50, min=1, max=1000),
     tenant: uuid.UUID | None = typer.Option(None, help=TENANT_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the list as one JSON document."),
 ) -> None:
     """The newest runs."""
-    from rich.table import Table
-
     from ledgerloop.runs.store import run_list
 
     with connection(tenant) as conn:
         runs = run_list(conn, status=status, agent=agent, limit=limit)
-    table = Table("id", "agent", "status", "created", "updated")
-    for run in runs:
-        table.add_row(
-            str(run.id), run.agent, run.status.value, when(run.created_at), when(run.updated_at)
-        )
-    console().print(table if runs else "no runs")
+    records = [
+        {
+            "id": str(run.id),
+            "agent": run.agent,
+            "status": run.status.value,
+            "created_at": run.created_at,
+            "updated_at": run.updated_at,
+        }
+        for run in runs
+    ]
+    columns = [("id", "id"), ("agent", "agent"), ("status", "status")]
+    columns += [("created", "created_at"), ("updated", "updated_at")]
+    show_rows(records, columns, as_json=as_json, empty="no runs")
 
 
 @runs_cli.command("stuck")
 @user_errors
 def runs_stuck_command(
     limit: int = typer.Option(100, min=1, max=10_000),
+    as_json: bool = typer.Option(False, "--json", help="Print the list as one JSON document."),
 ) -> None:
     """Runs that need a look: the run and its workflow disagree, the run is PENDING under a
     worker that is gone or silent, or it is queued for a version no live worker runs.
-    Exits 1 when there are any (for monitoring), 0 when there are none."""
-    from rich.table import Table
-
+    Exits 1 when there are any (for monitoring), 0 when there are none (with --json too)."""
     from ledgerloop.fleet.views import runs_stuck
 
     settings = load_settings()
     with connection() as conn:
         stuck = runs_stuck(conn, stale_after_s=settings.stale_after_s, limit=limit)
-    if not stuck:
-        console().print("no stuck runs")
-        return
-    table = Table("run", "agent", "run status", "workflow", "worker", "updated", "problem")
-    for run in stuck:
-        table.add_row(
-            str(run.run_id),
-            run.agent,
-            run.run_status,
-            run.workflow_status or "-",
-            run.executor_id or "-",
-            when(run.updated_at),
-            run.problem,
-        )
-    console().print(table)
-    raise typer.Exit(1)
+    records = [
+        {
+            "run_id": str(run.run_id),
+            "agent": run.agent,
+            "run_status": run.run_status,
+            "workflow_status": run.workflow_status,
+            "worker": run.executor_id,
+            "updated_at": run.updated_at,
+            "problem": run.problem,
+        }
+        for run in stuck
+    ]
+    columns = [("run", "run_id"), ("agent", "agent"), ("run status", "run_status")]
+    columns += [("workflow", "workflow_status"), ("worker", "worker")]
+    columns += [("updated", "updated_at"), ("problem", "problem")]
+    show_rows(records, columns, as_json=as_json, empty="no stuck runs")
+    if stuck:
+        raise typer.Exit(1)
 
 
 @runs_cli.command("show")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -26,6 +29,10 @@ class DatabasePrivilegeError(LedgerloopError):
     """The database role lacks a privilege Ledgerloop needs."""
 
 
+class DatabaseAuthenticationFailed(LedgerloopError):
+    """The database refused the user's password (or its absence)."""
+
+
 class DatabaseMissing(LedgerloopError):
     """The database does not exist."""
 
@@ -40,9 +47,12 @@ def describe_target(url: str) -> str:
         info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:
         return "<invalid url>"
-    host = info.get("host") or "localhost"
-    port = info.get("port") or "5432"
-    return f"{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
+    hosts = str(info.get("host") or "localhost").split(",")
+    ports = str(info.get("port") or "5432").split(",")
+    if len(ports) == 1:  # one port for every host
+        ports *= len(hosts)
+    where = ",".join(f"{h}:{p or '5432'}" for h, p in zip(hosts, ports, strict=False))
+    return f"{where}/{info.get('dbname') or info.get('user') or ''}"
 
 
 #: Errors that mean a table, schema or function Ledgerloop expects is not installed.
@@ -90,6 +100,13 @@ def translated(url: str, action: str) -> Iterator[None]:
                 f"database {target} does not exist",
                 fix="create it (createdb) or point LEDGERLOOP_DATABASE_URL at an existing database",
             ) from exc
+        # Every line: with several hosts, the refusal may follow the first host's failure.
+        if _AUTH_FAILED.search(str(exc)):
+            raise DatabaseAuthenticationFailed(
+                f"the database at {target} refused user {_user(url)!r}: {_auth_reason(str(exc))}",
+                fix="check the password for that user in LEDGERLOOP_DATABASE_URL (or "
+                "PGPASSWORD, ~/.pgpass), and that the user exists",
+            ) from exc
         if "permission denied" in text:
             raise DatabasePrivilegeError(
                 f"{action} on {target} was refused: {text}",
@@ -100,6 +117,28 @@ def translated(url: str, action: str) -> Iterator[None]:
             fix="check that Postgres is running and LEDGERLOOP_DATABASE_URL is right, or unset "
             "it to use the embedded Postgres",
         ) from exc
+
+
+#: libpq's words for a refused login: the server's (password or peer authentication failed)
+#: or its own (the server asked for a password and none was given). Matched in the text, as a
+#: connection that never started carries no SQLSTATE.
+_AUTH_FAILED = re.compile(
+    r"authentication failed for user|no password supplied|password authentication failed"
+)
+
+
+def _auth_reason(text: str) -> str:
+    # The server's sentence without libpq's "connection to server at ... failed: FATAL:".
+    found = _AUTH_FAILED.search(text)
+    return text[found.start() :].splitlines()[0].strip() if found else "authentication failed"
+
+
+def _user(url: str) -> str:
+    try:
+        user = psycopg.conninfo.conninfo_to_dict(url).get("user")
+    except psycopg.ProgrammingError:
+        user = None
+    return str(user or os.environ.get("PGUSER") or getpass.getuser())
 
 
 def _first_line(exc: BaseException) -> str:
