@@ -26,7 +26,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ledgerloop.db.url import validate_url
 from ledgerloop.errors import ConfigError
 
 #: psycopg's option that turns server-side prepared statements off.
@@ -50,16 +49,15 @@ _routes: dict[str, Route] = {}
 
 
 def _key(url: str) -> str:
-    try:
-        return validate_url(url)
-    except Exception:
-        return url
+    # The scheme spellings db/url.py accepts name one URL (this module sits below db/url.py,
+    # beside config.py, which registers the routes).
+    return "postgresql://" + url.split("://", 1)[1] if "://" in url else url
 
 
 def register(url: str, *, pooled: bool, direct_url: str | None) -> None:
     """Record how `url` is reached (called by Settings; the latest registration wins)."""
     with _lock:
-        _routes[_key(url)] = Route(pooled, validate_url(direct_url) if direct_url else None)
+        _routes[_key(url)] = Route(pooled, _key(direct_url) if direct_url else None)
 
 
 def route(url: str) -> Route:
