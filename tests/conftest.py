@@ -47,7 +47,10 @@ def bouncer(pg_server: PostgresServer) -> Iterator[PgBouncer]:
     scripts/install-pgbouncer). A small pool, so server connections pass between clients."""
     if pgbouncer_binary() is None:
         pytest.skip("pgbouncer is not installed (scripts/install-pgbouncer)")
-    with pgbouncer(pg_server.admin_url, pool_size=4) as running:
+    # The whole suite through it (LEDGERLOOP_TEST_POOLER) needs room for its concurrent
+    # transactions: with 4, tests that hold several at once waited on the pooler.
+    size = 20 if os.environ.get(ENV_POOLER) else 4
+    with pgbouncer(pg_server.admin_url, pool_size=size) as running:
         yield running
 
 
@@ -73,6 +76,12 @@ def db_url(direct_db_url: str, request: pytest.FixtureRequest) -> str:
     pooled = running.pooled(direct_db_url)
     register(pooled, pooled=True, direct_url=direct_db_url)
     return pooled
+
+
+def listen_url(url: str) -> str:
+    """Where a test LISTENs on `url`'s database: its direct URL when `url` runs through the
+    pooler (LEDGERLOOP_TEST_POOLER), which would drop the notifications."""
+    return session_url(url) or url
 
 
 @pytest.fixture

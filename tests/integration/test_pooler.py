@@ -78,7 +78,9 @@ def assert_pooled_connections_clean(bouncer: PgBouncer, pooled_url: str, direct:
     dbname = psycopg.conninfo.conninfo_to_dict(pooled_url)["dbname"]
     # Hold as many clients in transactions as the pool has server connections, so each
     # server connection is looked at.
-    clients = [psycopg.connect(pooled_url, prepare_threshold=None) for _ in range(4)]
+    clients = [
+        psycopg.connect(pooled_url, prepare_threshold=None) for _ in range(bouncer.pool_size)
+    ]
     try:
         for client in clients:
             for name in DEFAULTS:

@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ledgerloop import faults
 from ledgerloop.db.errors import DatabaseUnreachable
+from ledgerloop.db.pooling import session_url
 from ledgerloop.effects.attempts import RelayConfig, backoff_s, decide, failure, http_client
 from ledgerloop.effects.delivery import Requester, Verdict, delivery_url, send
 from ledgerloop.effects.errors import InvalidDeliveryRequest
@@ -88,7 +89,8 @@ class Relay:
         self.url = url
         #: Where the relay LISTENs (a direct connection: a transaction-mode pooler drops
         #: notifications); None: it does not, and its safety poll finds the rows.
-        self.listen_url = url if listen_url == "" else listen_url
+        # Default: the route registered for `url` (its direct URL behind a pooler).
+        self.listen_url = session_url(url) if listen_url == "" else listen_url
         self.destinations = dict(destinations)
         #: MCP servers by name: the destinations of MCP write tools (tools/call, not HTTP).
         self.mcp_servers = dict(mcp_servers or {})
@@ -550,8 +552,6 @@ async def run_relay(
     """The relay as a service (`ledgerloop relay`, or a task inside `ledgerloop up`). It
     LISTENs on the direct connection of a pooled URL (db/pooling.py), and without one polls
     every `config.safety_poll_s` (set from LEDGERLOOP_POOLED_POLL_S by its callers)."""
-    from ledgerloop.db.pooling import session_url
-
     async with Relay(url, destinations, config, mcp_servers, listen_url=session_url(url)) as relay:
         await relay.run(stop)
 

@@ -57,7 +57,8 @@ class Dispatcher:
     ) -> None:
         self.url = url
         #: Where it LISTENs and claims; None: nowhere to LISTEN (it polls every poll_s).
-        self.listen_url = url if listen_url == "" else listen_url
+        # Default: the route registered for `url` (its direct URL behind a pooler).
+        self.listen_url = pooling.session_url(url) if listen_url == "" else listen_url
         self.relay_dbos_notifications = relay_dbos_notifications and self.listen_url is not None
         #: How many live peers could take a batch this worker leaves (the heartbeat knows).
         self.peers = peers

@@ -50,6 +50,8 @@ class PgBouncer:
     port: int
     root: Path
     process: subprocess.Popen[bytes]
+    #: Server connections per database and user.
+    pool_size: int = 10
 
     def pooled(self, url: str) -> str:
         parts = urlsplit(url)
@@ -128,7 +130,7 @@ def pgbouncer(admin_url: str, *, pool_size: int = 10, timeout: float = 10.0) -> 
         process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
         )
-        bouncer = PgBouncer("127.0.0.1", listen, root, process)
+        bouncer = PgBouncer("127.0.0.1", listen, root, process, pool_size)
         try:
             deadline = time.monotonic() + timeout
             while True:
