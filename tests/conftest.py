@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,11 +13,13 @@ from dbos import DBOSClient
 
 from ledgerloop.config import Settings, load_settings
 from ledgerloop.db.connect import Conn, connect
+from ledgerloop.db.pooling import is_pooled, register, session_url
 from ledgerloop.models.script import parse_script
 from ledgerloop.models.scripted_server import ScriptedModelServer
 from ledgerloop.runs.states import TERMINAL
 from ledgerloop.runs.store import Run, run_require
 from ledgerloop.telemetry.content import CaptureMode
+from ledgerloop.testing.pgbouncer import ENV_POOLER, PgBouncer, pgbouncer, pgbouncer_binary
 from ledgerloop.testing.postgres import DatabaseFactory, PostgresServer, postgres_server, wait_until
 from tests.support.telemetry import Captured, capture_telemetry
 
@@ -38,12 +41,47 @@ def db_factory(pg_server: PostgresServer) -> Iterator[DatabaseFactory]:
     factory.close()
 
 
+@pytest.fixture(scope="session")
+def bouncer(pg_server: PostgresServer) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode in front of the test server (skips when not installed:
+    scripts/install-pgbouncer). A small pool, so server connections pass between clients."""
+    if pgbouncer_binary() is None:
+        pytest.skip("pgbouncer is not installed (scripts/install-pgbouncer)")
+    # The whole suite through it (LEDGERLOOP_TEST_POOLER) needs room for its concurrent
+    # transactions: with 4, tests that hold several at once waited on the pooler.
+    size = 20 if os.environ.get(ENV_POOLER) else 4
+    with pgbouncer(pg_server.admin_url, pool_size=size) as running:
+        yield running
+
+
 @pytest.fixture
-def db_url(db_factory: DatabaseFactory) -> Iterator[str]:
-    """A freshly migrated database of its own for this test."""
+def direct_db_url(db_factory: DatabaseFactory) -> Iterator[str]:
+    """A freshly migrated database of its own for this test, reached directly."""
     url = db_factory.create()
     yield url
     db_factory.drop(url)
+
+
+@pytest.fixture
+def db_url(direct_db_url: str, request: pytest.FixtureRequest) -> str:
+    """This test's database URL. With LEDGERLOOP_TEST_POOLER=pgbouncer it runs through
+    PgBouncer in transaction mode, with the direct URL registered beside it (as
+    LEDGERLOOP_DIRECT_DATABASE_URL would), so the suite proves Ledgerloop through a pooler."""
+    mode = os.environ.get(ENV_POOLER, "")
+    if not mode:
+        return direct_db_url
+    if mode != "pgbouncer":
+        raise pytest.UsageError(f"{ENV_POOLER}={mode!r}: the only pooler is 'pgbouncer'")
+    running: PgBouncer = request.getfixturevalue("bouncer")
+    pooled = running.pooled(direct_db_url)
+    register(pooled, pooled=True, direct_url=direct_db_url)
+    return pooled
+
+
+def listen_url(url: str) -> str:
+    """Where a test LISTENs on `url`'s database: its direct URL when `url` runs through the
+    pooler (LEDGERLOOP_TEST_POOLER), which would drop the notifications."""
+    return session_url(url) or url
 
 
 @pytest.fixture
@@ -72,6 +110,8 @@ def make_settings(db_url: str, tmp_path: Path) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
         base: dict[str, Any] = {
             "database_url": db_url,
+            # Through the pooler (LEDGERLOOP_TEST_POOLER): its direct URL too.
+            "direct_database_url": session_url(db_url) if is_pooled(db_url) else None,
             "home": tmp_path / ".ledgerloop",
             # Names every write tool of the test agents (a worker refuses unlisted ones).
             "policy_file": REPO / "tests" / "support" / "policy.yaml",

@@ -15,7 +15,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
@@ -95,6 +95,18 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LEDGERLOOP_", extra="ignore", frozen=True)
 
     database_url: str | None = None
+    #: The same database without a pooler in between, for what a transaction-mode pooler
+    #: cannot carry: LISTEN, session advisory locks (the heartbeat's, the purge's) and the
+    #: migration lock (docs/operations.md, Poolers). Unset: there is none.
+    direct_database_url: str | None = None
+    #: What database_url runs through: `none` (a direct connection), `session` (a pooler in
+    #: session mode: a client keeps its server connection, so nothing changes) or
+    #: `transaction` (PgBouncer's transaction mode: no prepared statements, no session state).
+    #: Unset: `transaction` when a direct URL is given, else `none`.
+    pooler: Literal["none", "session", "transaction"] | None = None
+    #: Behind a transaction-mode pooler without a direct URL there is no LISTEN: a worker
+    #: looks for queued runs, awaited messages and due outbox rows this often instead.
+    pooled_poll_s: float = Field(default=1.0, ge=0.05, le=60)
     home: Path = Path(".ledgerloop")
     app_name: str = "ledgerloop"
     application_version: str = "ledgerloop-2"
@@ -216,6 +228,30 @@ class Settings(BaseSettings):
             raise ValueError("must be 3-256 characters of lowercase letters, digits, '-' or '_'")
         return value
 
+    @property
+    def transaction_pooled(self) -> bool:
+        """database_url runs through a transaction-mode pooler."""
+        if self.pooler is None:
+            return self.direct_database_url is not None
+        return self.pooler == "transaction"
+
+    @model_validator(mode="after")
+    def _routes(self) -> Settings:
+        # Every connection this process makes from database_url takes its options from
+        # here (db/pooling.py), whichever part of Ledgerloop opens it.
+        from ledgerloop.db import pooling
+
+        # Only a configured route: settings that say nothing about poolers (a test's, say)
+        # leave a route registered elsewhere in the process as it is.
+        configured = self.pooler is not None or self.direct_database_url is not None
+        if self.database_url is not None and configured:
+            pooling.register(
+                self.database_url,
+                pooled=self.transaction_pooled,
+                direct_url=self.direct_database_url,
+            )
+        return self
+
     @model_validator(mode="after")
     def _timings(self) -> Settings:
         # The lease must run out before any peer may take this worker over (fleet.fence).
@@ -280,6 +316,31 @@ class Settings(BaseSettings):
         """The DBOSConfig for this process (a TypedDict at runtime, so a plain dict here)."""
         from dbos import DBOSPortableJSONSerializer
 
+        from ledgerloop.db import pooling
+
+        route = pooling.route(database_url)
+        engine_kwargs: dict[str, Any] = {
+            # No ping on every checkout (a statement per step): a connection broken by a
+            # database restart fails once and SQLAlchemy then replaces the whole pool.
+            "pool_pre_ping": False,
+            "connect_args": pooling.engine_connect_args(database_url, "ledgerloop-dbos"),
+        }
+        pooled: dict[str, Any] = {}
+        if route.pooled:
+            pooled = {
+                # DBOS's listener LISTENs on a connection of its engine, which through the
+                # pooler hears nothing. The dispatcher's direct connection relays DBOS's
+                # message notifications instead (fleet/dispatch.py); without one, DBOS polls
+                # for the messages its waiting workflows expect.
+                "use_listen_notify": False,
+                "notification_listener_polling_interval_sec": (
+                    FORWARDED_POLL_S if route.direct_url else self.pooled_poll_s
+                ),
+                # DBOS would SET idle_in_transaction_session_timeout on each new connection,
+                # a session setting the pooler passes on to other clients. PgBouncer's own
+                # idle_transaction_timeout does that job (docs/operations.md, Poolers).
+                "sys_db_idle_transaction_timeout_sec": 0,
+            }
         return {
             "name": self.app_name,
             "system_database_url": database_url,
@@ -292,20 +353,23 @@ class Settings(BaseSettings):
             "run_migrations": False,
             "max_executor_threads": self.worker_threads,
             "sys_db_pool_size": self.dbos_pool_size,
-            # No ping on every checkout (a statement per step): a connection broken by a
-            # database restart fails once and SQLAlchemy then replaces the whole pool.
-            "db_engine_kwargs": {"pool_pre_ping": False},
+            "db_engine_kwargs": engine_kwargs,
             # DBOS flushes the NOTIFYs of its events and streams from a thread that wakes every
             # 10 ms by default, busy or idle: most of an idle worker's CPU. Ledgerloop uses
             # neither (its runs wait on DBOS.recv, notified by a trigger), so a slower flush
             # costs it nothing; a user's own DBOS.set_event may be seen up to 0.25 s later.
             "notification_coalesce_sec": NOTIFICATION_FLUSH_S,
             "log_level": os.environ.get("LEDGERLOOP_DBOS_LOG_LEVEL", "WARNING"),
+            **pooled,
         }
 
 
 #: How often DBOS flushes its coalesced event and stream notifications (see dbos_config).
 NOTIFICATION_FLUSH_S = 0.25
+
+#: Behind a transaction-mode pooler with a direct URL, DBOS's message notifications come
+#: from the dispatcher's LISTEN; DBOS's own poll of its waiters is then only a safety net.
+FORWARDED_POLL_S = 30.0
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -50,9 +50,16 @@ INTERNALS: tuple[Internal, ...] = (
         "workflow and topic is sent, without consuming it",
         why="DBOS offers no public way to learn that a message is arriving without consuming "
         "it (recv consumes); hibernation must not end a wait whose message is in flight, and "
-        "the act step watches for a quick outcome without a durable recv",
-        used_in=("app/ledgerloop/agent/dbos_waiters.py",),
-        private_names=("dbos._dbos._get_dbos_instance", "dbos._utils.LoopAwareEvent"),
+        "the act step watches for a quick outcome without a durable recv. Behind a "
+        "transaction-mode pooler DBOS cannot LISTEN, and the dispatcher's direct connection "
+        "hears DBOS's message channel (_dbos_notifications_channel) and sets these waiters "
+        "as DBOS's listener would",
+        used_in=("app/ledgerloop/agent/dbos_waiters.py", "app/ledgerloop/fleet/dbos_internals.py"),
+        private_names=(
+            "dbos._dbos._get_dbos_instance",
+            "dbos._utils.LoopAwareEvent",
+            "dbos._sys_db._dbos_notifications_channel",
+        ),
     ),
     Internal(
         name="operation-counter",

@@ -6,10 +6,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from ledgerloop.config import Settings
 from ledgerloop.runtime import Runtime
+
+if TYPE_CHECKING:
+    from ledgerloop.effects.attempts import RelayConfig
 
 log = logging.getLogger(__name__)
 
@@ -34,20 +38,37 @@ def build_services(settings: Settings, *, http: bool, relay: bool) -> list[Servi
     return services
 
 
+def relay_config(settings: Settings, *, listening: bool) -> RelayConfig:
+    """The relay's configuration from the settings; without LISTEN (a transaction-mode
+    pooler and no direct URL) it looks for due rows every LEDGERLOOP_POOLED_POLL_S."""
+    from ledgerloop.effects.attempts import RelayConfig
+
+    config = RelayConfig(
+        lease_margin_s=settings.relay_lease_margin_s,
+        settle_after_s=settings.effect_settle_after_s,
+    )
+    if not listening:
+        config = replace(config, safety_poll_s=min(config.safety_poll_s, settings.pooled_poll_s))
+    return config
+
+
 def destinations(runtime: Runtime) -> dict[str, str]:
     """Where write tools deliver: the policy file's map, overridden by the settings'."""
     return {**runtime.policy.destination_urls(), **runtime.settings.destinations}
 
 
 async def relay_service(runtime: Runtime, stop: asyncio.Event) -> None:
-    from ledgerloop.effects.relay import Relay, RelayConfig
+    from ledgerloop.db.pooling import session_url
+    from ledgerloop.effects.relay import Relay
 
-    config = RelayConfig(
-        lease_margin_s=runtime.settings.relay_lease_margin_s,
-        settle_after_s=runtime.settings.effect_settle_after_s,
-    )
+    listen_url = session_url(runtime.database_url)
+    config = relay_config(runtime.settings, listening=listen_url is not None)
     async with Relay(
-        runtime.database_url, destinations(runtime), config, runtime.policy.mcp_servers
+        runtime.database_url,
+        destinations(runtime),
+        config,
+        runtime.policy.mcp_servers,
+        listen_url=listen_url,
     ) as relay:
         # This worker's act steps send their effects through it (settings.inline_delivery).
         if runtime.settings.inline_delivery:

@@ -19,7 +19,7 @@ from typing import Any
 from ledgerloop.agent import dbos_step_start
 from ledgerloop.agent.definition import Agent, agents, agents_from, load_agent_modules
 from ledgerloop.config import Settings
-from ledgerloop.db import dbos_checkpoint, dbos_journal
+from ledgerloop.db import dbos_checkpoint, dbos_journal, pooling
 from ledgerloop.db.connect import make_pool
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.db.url import validate_url
@@ -221,6 +221,7 @@ async def run_worker(
     )
     dispatcher: Dispatcher | None = None
     launched = False
+    say_route(settings, url)
     try:
         heartbeat.register()
         # Before DBOS recovers anything: a resumed command must not race its old container.
@@ -247,6 +248,10 @@ async def run_worker(
             batch=settings.dispatch_batch,
             fallback_s=settings.dispatch_fallback_s,
             peers=lambda: heartbeat.peers,
+            listen_url=pooling.session_url(url),
+            poll_s=settings.pooled_poll_s,
+            # DBOS runs without LISTEN behind the pooler (config.dbos_config).
+            relay_dbos_notifications=pooling.is_pooled(url),
         )
         dispatcher.start()
         runtime.dispatcher = dispatcher
@@ -290,6 +295,28 @@ async def run_worker(
         install(None)
     if failures:
         raise failures[0]
+
+
+def say_route(settings: Settings, url: str) -> None:
+    """One line at start when the database is reached through a transaction-mode pooler:
+    what runs on the direct connection, or what a worker without one does instead."""
+    route = pooling.route(url)
+    if not route.pooled:
+        return
+    if route.direct_url is not None:
+        log.info(
+            "database through a transaction-mode pooler; LISTEN and session locks on the "
+            "direct connection (LEDGERLOOP_DIRECT_DATABASE_URL)"
+        )
+        return
+    log.warning(
+        "database through a transaction-mode pooler and no LEDGERLOOP_DIRECT_DATABASE_URL: "
+        "running without LISTEN, so queued runs start and awaited messages (approvals, "
+        "effect outcomes) arrive up to %.1f s late (LEDGERLOOP_POOLED_POLL_S), and a dead "
+        "worker is taken over after %.1f s of silence (LEDGERLOOP_STALE_AFTER_S)",
+        settings.pooled_poll_s,
+        settings.stale_after_s,
+    )
 
 
 async def _drain(runtime: Runtime, timeout_s: float) -> None:

@@ -25,7 +25,7 @@ from ledgerloop.db.errors import SchemaOutdated
 from ledgerloop.db.migrate import ensure_current, upgrade
 from ledgerloop.runs.store import run_create
 from ledgerloop.testing.worker import WorkerThread
-from tests.conftest import REPO
+from tests.conftest import REPO, listen_url
 
 MISSING = "trigger ledgerloop_wake_hibernated on dbos.notifications is missing"
 
@@ -187,7 +187,7 @@ DISPATCH_MISSING = "trigger ledgerloop_run_enqueued_insert on dbos.workflow_stat
 
 def _enqueue_notifies(db_url: str, conn: Conn) -> bool:
     """Whether queueing a run on Ledgerloop's queue wakes a listener of 'ledgerloop_runs'."""
-    with psycopg.connect(db_url, autocommit=True) as listener:
+    with psycopg.connect(listen_url(db_url), autocommit=True) as listener:
         listener.execute("LISTEN ledgerloop_runs")
         conn.execute(
             "SELECT dbos.enqueue_workflow('ledgerloop_run', 'ledgerloop_runs', "

@@ -24,6 +24,7 @@ from ledgerloop.fleet.heartbeat import (
     Takeover,
 )
 from ledgerloop.testing.postgres import wait_until
+from tests.conftest import listen_url
 
 TIMINGS = FleetTimings(heartbeat_s=0.5, stale_after_s=5.0)
 
@@ -369,7 +370,7 @@ def test_unregister_hands_the_runs_back_and_removes_the_row(db_url: str, conn: C
 
 
 def test_enqueued_runs_notify_the_dispatchers(db_url: str, conn: Conn) -> None:
-    with psycopg.connect(db_url, autocommit=True) as listener:
+    with psycopg.connect(listen_url(db_url), autocommit=True) as listener:
         listener.execute("LISTEN ledgerloop_runs")
         conn.execute(
             "INSERT INTO dbos.workflow_status (workflow_uuid, status, name, queue_name) "

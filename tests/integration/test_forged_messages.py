@@ -25,7 +25,7 @@ from ledgerloop.effects.testing import drain_outbox
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.store import Outcome, run_events, run_require
 from ledgerloop.testing.postgres import wait_until
-from tests.conftest import TICKET_SCRIPT, journal_steps, start_test_run, wait_terminal
+from tests.conftest import TICKET_SCRIPT, journal_steps, listen_url, start_test_run, wait_terminal
 
 #: The ticket id a forged outcome claims (the ticket service numbers its own TCK-000001 on).
 FORGED_TICKET = "TCK-FORGED"
@@ -39,7 +39,9 @@ def forger(conn: Conn, db_url: str) -> Iterator[Callable[[str, Any, str], None]]
     conn.execute(f'CREATE ROLE "{role}" NOSUPERUSER NOLOGIN')
     for statement in get_dbos_schema_permissions_sql("dbos", role):
         conn.execute(statement)  # type: ignore[arg-type]
-    with connect(db_url, autocommit=True) as session:
+    # A session of its own (the direct URL behind LEDGERLOOP_TEST_POOLER): its SET ROLE
+    # would otherwise stay on a pooled server connection for the next client.
+    with connect(listen_url(db_url), autocommit=True) as session:
         session.execute(f'SET ROLE "{role}"')  # type: ignore[arg-type]
         superuser = session.execute(
             "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"

@@ -18,6 +18,7 @@ from ledgerloop.config import DEFAULT_TENANT
 from ledgerloop.db.connect import Conn, connect, tenant_scope
 from ledgerloop.runs.start import InvalidRunInput, UnknownRole, grant_start_run, start_run
 from ledgerloop.runs.store import run_create, run_events, run_get, run_list
+from tests.conftest import listen_url
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sql_start_run.md"
 LIMIT = 262144
@@ -236,7 +237,7 @@ def test_tenant_defaults_to_the_transactions_scope(conn: Conn) -> None:
 
 
 def test_commit_notifies_workers_and_rollback_does_not(conn: Conn, db_url: str) -> None:
-    with connect(db_url, autocommit=True) as listener:
+    with connect(listen_url(db_url), autocommit=True) as listener:
         listener.execute("LISTEN ledgerloop_runs")
         with conn.transaction():  # psycopg.Rollback leaves the block quietly
             start_run(conn, agent="ops", input={})
@@ -305,7 +306,10 @@ def test_a_granted_application_role_starts_runs_in_its_own_transaction(
     conn.execute("CREATE TABLE public.tickets (id int PRIMARY KEY)")
     conn.execute(f'GRANT INSERT ON public.tickets TO "{app_role}"')  # type: ignore[arg-type]
     with connect(db_url) as app:  # not autocommit: the role's own transaction
-        app.execute(f'SET ROLE "{app_role}"')  # type: ignore[arg-type]
+        # SET LOCAL, each transaction: a session SET ROLE would stay on a pooled server
+        # connection for the next client (LEDGERLOOP_TEST_POOLER).
+        as_app = f'SET LOCAL ROLE "{app_role}"'
+        app.execute(as_app)  # type: ignore[arg-type]
         app.execute("INSERT INTO public.tickets VALUES (1)")
         run_id = start_run(
             app, agent="ops", input={"ticket": 1}, idempotency_key="t:1", tenant_id=tenant
@@ -317,9 +321,11 @@ def test_a_granted_application_role_starts_runs_in_its_own_transaction(
             == run_id
         )
         app.commit()
+        app.execute(as_app)  # type: ignore[arg-type]
         app.execute("INSERT INTO public.tickets VALUES (2)")
         start_run(app, agent="ops", input={"ticket": 2}, tenant_id=tenant)
         app.rollback()  # neither the ticket nor its run
+        app.execute(as_app)  # type: ignore[arg-type]
         # The grant lets it enqueue and nothing else on schema dbos: no messages to runs.
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             app.execute(

@@ -22,7 +22,7 @@ from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_events, run_require
 from ledgerloop.testing.postgres import wait_until
-from tests.conftest import TICKET_SCRIPT, start_test_run, wait_terminal
+from tests.conftest import TICKET_SCRIPT, listen_url, start_test_run, wait_terminal
 
 
 def _stats(tickets: TicketServiceThread) -> dict[str, Any]:
@@ -303,7 +303,7 @@ def test_a_worker_running_the_relay_sends_the_effect_from_its_act_step(
     """Inline delivery: the act step records its outbox row already claimed and sends it
     itself, so the relay is never woken for it; with inline_delivery off, the relay's claim
     takes the row. Either way: one attempt, one ticket."""
-    listener = psycopg.connect(db_url, autocommit=True)
+    listener = psycopg.connect(listen_url(db_url), autocommit=True)
     listener.execute("LISTEN ledgerloop_outbox")
     _, _, effect = _one_ticket(conn, scripted_model, worker, inline_delivery=inline)
     assert (effect.status.value, effect.attempts) == ("succeeded", 1)

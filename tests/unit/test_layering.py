@@ -20,6 +20,8 @@ SOURCE = Path(__file__).resolve().parents[2] / "app"
 #: Lowest first. The package's own `__init__` (the public facade) sits above all of them.
 LAYERS: list[set[str]] = [
     {"version", "errors", "faults"},
+    # Which URL runs through a pooler: registered by config, read by every connection.
+    {"db.pooling"},
     {"config", "failures", "telemetry"},
     {"db", "sandbox", "fleet.fence"},
     {"models", "tools", "runs", "effects"},

@@ -122,7 +122,7 @@ def relay() -> None:
     import signal
 
     from ledgerloop.effects.reconciler import run_reconciler
-    from ledgerloop.effects.relay import RelayConfig, run_relay
+    from ledgerloop.effects.relay import run_relay
     from ledgerloop.telemetry import configure_telemetry
     from ledgerloop.tools.policy import load_policy
 
@@ -133,10 +133,10 @@ def relay() -> None:
     url = reachable_database_url(settings)
     # Deliveries and settlements are spans of the runs they belong to.
     configure_telemetry()
-    config = RelayConfig(
-        lease_margin_s=settings.relay_lease_margin_s,
-        settle_after_s=settings.effect_settle_after_s,
-    )
+    from ledgerloop.db.pooling import session_url
+    from ledgerloop.services import relay_config
+
+    config = relay_config(settings, listening=session_url(url) is not None)
 
     async def main() -> None:
         stop = asyncio.Event()

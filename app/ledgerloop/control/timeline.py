@@ -40,13 +40,44 @@ class StepSource(Protocol):
 
 def dbos_client(database_url: str) -> DBOSClient:
     """A DBOS client for reading steps; call `destroy()` when done."""
+    from ledgerloop.db.pooling import is_pooled
+
     with translated(database_url, "connecting"):
+        if is_pooled(database_url):
+            return _PooledClient(database_url, pool_size=2)
         # Portable JSON, as the workers write: nothing read back is ever unpickled.
         return DBOSClient(
             system_database_url=database_url,
             serializer=DBOSPortableJSONSerializer(),
             system_database_pool_size=2,
         )
+
+
+class _PooledClient(DBOSClient):
+    """A DBOS client through a transaction-mode pooler, over an engine of its own: one that
+    prepares no statements and sets no session setting (DBOSClient's own engine SETs
+    idle_in_transaction_session_timeout on each connection). Disposed with the client."""
+
+    def __init__(self, database_url: str, *, pool_size: int) -> None:
+        import sqlalchemy as sa
+
+        from ledgerloop.db.pooling import engine_connect_args
+        from ledgerloop.db.url import sqlalchemy_url
+
+        self._own_engine = sa.create_engine(
+            sqlalchemy_url(database_url),
+            pool_size=pool_size,
+            max_overflow=0,
+            pool_pre_ping=True,
+            connect_args=engine_connect_args(database_url, "ledgerloop-dbos-client"),
+        )
+        super().__init__(
+            system_database_engine=self._own_engine, serializer=DBOSPortableJSONSerializer()
+        )
+
+    def destroy(self) -> None:
+        super().destroy()
+        self._own_engine.dispose()
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from ledgerloop.db.errors import DatabasePrivilegeError, translated
+from ledgerloop.db.pooling import connect_kwargs
 from ledgerloop.db.sql import load_queries
 from ledgerloop.db.url import validate_url
 
@@ -20,24 +21,32 @@ Conn = psycopg.Connection[dict[str, Any]]
 _SCOPE_ENTER = load_queries("ledgerloop.db", "roles.sql")["scope_enter"]
 
 
-def connect(url: str, *, autocommit: bool = False) -> Conn:
-    """One connection with dict rows; driver errors become one clear LedgerloopError."""
+def connect(url: str, *, autocommit: bool = False, application_name: str = "ledgerloop") -> Conn:
+    """One connection with dict rows; driver errors become one clear LedgerloopError.
+    Through a transaction-mode pooler it prepares no statements (db/pooling.py)."""
     url = validate_url(url)
     with translated(url, "connecting"):
-        return psycopg.connect(url, autocommit=autocommit, row_factory=dict_row)
+        return psycopg.connect(
+            url,
+            autocommit=autocommit,
+            row_factory=dict_row,
+            application_name=application_name,
+            **connect_kwargs(url),
+        )
 
 
 def make_pool(
     url: str, *, min_size: int = 1, max_size: int = 10, name: str = "ledgerloop"
 ) -> ConnectionPool[Conn]:
-    """A pool that opens lazily-checked connections with dict rows."""
+    """A pool that opens lazily-checked connections with dict rows, named `name` in
+    pg_stat_activity (its application_name)."""
     url = validate_url(url)
     pool: ConnectionPool[Conn] = ConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size,
         name=name,
-        kwargs={"row_factory": dict_row},
+        kwargs={"row_factory": dict_row, "application_name": name, **connect_kwargs(url)},
         open=False,
     )
     with translated(url, "connecting"):

@@ -12,7 +12,9 @@ lock" fallback; a migration racing another is how schemas get corrupted.
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from alembic.script import ScriptDirectory
 from ledgerloop.db.connect import Conn, connect
 from ledgerloop.db.dbos_objects import dbos_objects_install, dbos_objects_problems
 from ledgerloop.db.errors import DatabasePrivilegeError, SchemaOutdated, translated
+from ledgerloop.db.pooling import PoolerNeedsDirectUrl, engine_connect_args, route
 from ledgerloop.db.roles import scope_role_install, scope_state
 from ledgerloop.db.sql import load_queries
 from ledgerloop.db.url import sqlalchemy_url
@@ -88,7 +91,9 @@ def schema_state(url: str) -> SchemaState:
     """What is installed in the database against what this code expects."""
     from dbos._migration import get_migration_versions
 
-    engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.NullPool)
+    engine = sa.create_engine(
+        sqlalchemy_url(url), poolclass=sa.NullPool, connect_args=engine_connect_args(url)
+    )
     try:
         with translated(url, "reading the schema version"):
             dbos_current, dbos_latest = get_migration_versions(engine, "dbos", True)
@@ -121,17 +126,28 @@ def ensure_current(url: str) -> None:
         )
 
 
-def _wait_for_lock(conn: Conn) -> None:
+#: After this long waiting for the migration lock, say who holds it (once).
+LOCK_WAIT_SAY_S = 5.0
+
+
+def _wait_for_lock(conn: Conn, say: Callable[[str], None]) -> None:
     """Wait for the migration lock by polling pg_try_advisory_lock.
 
     A blocking pg_advisory_lock would keep a snapshot open while it waits, and DBOS's
     CREATE INDEX CONCURRENTLY migrations wait for every older snapshot: the holder and the
-    waiters would then wait on each other forever.
+    waiters would then wait on each other forever. A wait that lasts says once who holds the
+    lock: a lock left on a pooled server connection once made every later upgrade wait,
+    silently, for as long as that server connection lived.
     """
+    started = time.monotonic()
+    said = False
     while True:
         row = conn.execute("SELECT pg_try_advisory_lock(%s) AS locked", (LOCK_KEY,)).fetchone()
         if row and row["locked"]:
             return
+        if not said and time.monotonic() - started >= LOCK_WAIT_SAY_S:
+            said = True
+            say(_lock_holder(conn))
         time.sleep(0.1)
 
 
@@ -167,13 +183,54 @@ def _refusal(url: str, conn: Conn) -> DatabasePrivilegeError | None:
         return install_refusal(conn)
 
 
-def upgrade(url: str) -> bool:
-    """Install or upgrade DBOS's schema and ours. Returns whether anything changed."""
+def _lock_holder(conn: Conn) -> str:
+    row = conn.execute(
+        "SELECT a.pid, a.application_name, a.client_addr::text AS client, a.state, "
+        "extract(epoch FROM now() - a.backend_start)::int AS age_s "
+        "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid = %s "
+        "AND l.objsubid = 1",
+        (LOCK_KEY,),
+    ).fetchone()
+    if row is None:
+        return "waiting for the migration lock (another `ledgerloop db upgrade` holds it)"
+    return (
+        f"waiting for the migration lock, held by backend pid {row['pid']} "
+        f"({row['application_name'] or 'no application_name'}, from "
+        f"{row['client'] or 'a local socket'}, {row['state']}, connected {row['age_s']} s "
+        "ago); if no upgrade is running there, that session leaked the lock: end it with "
+        f"SELECT pg_terminate_backend({row['pid']})"
+    )
+
+
+def upgrade_url(url: str) -> str:
+    """Where `db upgrade` connects: the direct URL behind a transaction-mode pooler (its
+    lock is a session lock, and the migrations are DDL in long transactions)."""
+    found = route(url)
+    if not found.pooled:
+        return url
+    if found.direct_url is None:
+        raise PoolerNeedsDirectUrl(
+            "ledgerloop db upgrade cannot run through a transaction-mode pooler: its "
+            "migration lock is a session lock, which the pooler would leave on a server "
+            "connection another client then holds",
+            fix="set LEDGERLOOP_DIRECT_DATABASE_URL to a URL that reaches Postgres directly "
+            "(or unset LEDGERLOOP_POOLER)",
+        )
+    return found.direct_url
+
+
+def upgrade(url: str, say: Callable[[str], None] | None = None) -> bool:
+    """Install or upgrade DBOS's schema and ours. Returns whether anything changed. Behind
+    a transaction-mode pooler all of it runs on the direct URL (`upgrade_url`)."""
     from dbos import DBOS
 
-    with connect(url, autocommit=True) as lock_conn:
+    url = upgrade_url(url)
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    with connect(url, autocommit=True, application_name="ledgerloop-migrate") as lock_conn:
         with translated(url, "taking the migration lock"):
-            _wait_for_lock(lock_conn)
+            _wait_for_lock(lock_conn, say)
         try:
             try:
                 before = schema_state(url)
@@ -193,7 +250,11 @@ def upgrade(url: str) -> bool:
                 logging.getLogger("dbos").setLevel(logging.WARNING)
                 with translated(url, "migrating the dbos schema"):
                     DBOS.migrate(url, schema="dbos")
-                engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.NullPool)
+                engine = sa.create_engine(
+                    sqlalchemy_url(url),
+                    poolclass=sa.NullPool,
+                    connect_args=engine_connect_args(url),
+                )
                 try:
                     with (
                         translated(url, "migrating the ledgerloop schema"),

@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from ledgerloop.db.errors import DatabaseUnreachable, translated
+from ledgerloop.db.pooling import connect_kwargs
 from ledgerloop.db.url import validate_url
 from ledgerloop.effects.ledger import Claim, Effect, Q
 from ledgerloop.effects.messages import EffectStatus, OutboxStatus
@@ -31,11 +32,18 @@ log = logging.getLogger(__name__)
 CHANNEL = "ledgerloop_outbox"
 
 
-async def connect_async(url: str) -> AConn:
-    """An autocommit async connection with dict rows; driver errors become LedgerloopErrors."""
+async def connect_async(url: str, application_name: str = "ledgerloop-relay") -> AConn:
+    """An autocommit async connection with dict rows; driver errors become LedgerloopErrors.
+    Through a transaction-mode pooler it prepares no statements (db/pooling.py)."""
     url = validate_url(url)
     with translated(url, "connecting"):
-        return await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+        return await psycopg.AsyncConnection.connect(
+            url,
+            autocommit=True,
+            row_factory=dict_row,
+            application_name=application_name,
+            **connect_kwargs(url),
+        )
 
 
 async def open_async_pool(url: str, size: int, name: str) -> AsyncConnectionPool[AConn]:
@@ -50,7 +58,12 @@ async def open_async_pool(url: str, size: int, name: str) -> AsyncConnectionPool
         min_size=1,
         max_size=size,
         name=name,
-        kwargs={"autocommit": True, "row_factory": dict_row},
+        kwargs={
+            "autocommit": True,
+            "row_factory": dict_row,
+            "application_name": name,
+            **connect_kwargs(url),
+        },
         open=False,
     )
     await pool.open(wait=False)

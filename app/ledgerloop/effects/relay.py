@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ledgerloop import faults
 from ledgerloop.db.errors import DatabaseUnreachable
+from ledgerloop.db.pooling import session_url
 from ledgerloop.effects.attempts import RelayConfig, backoff_s, decide, failure, http_client
 from ledgerloop.effects.delivery import Requester, Verdict, delivery_url, send
 from ledgerloop.effects.errors import InvalidDeliveryRequest
@@ -82,8 +83,14 @@ class Relay:
         destinations: Mapping[str, str],
         config: RelayConfig | None = None,
         mcp_servers: Mapping[str, McpServer] | None = None,
+        *,
+        listen_url: str | None = "",
     ) -> None:
         self.url = url
+        #: Where the relay LISTENs (a direct connection: a transaction-mode pooler drops
+        #: notifications); None: it does not, and its safety poll finds the rows.
+        # Default: the route registered for `url` (its direct URL behind a pooler).
+        self.listen_url = session_url(url) if listen_url == "" else listen_url
         self.destinations = dict(destinations)
         #: MCP servers by name: the destinations of MCP write tools (tools/call, not HTTP).
         self.mcp_servers = dict(mcp_servers or {})
@@ -177,6 +184,11 @@ class Relay:
         """Deliver until `stop` is set."""
         log.info("relay delivering to %s", ", ".join(sorted(self.destinations)) or "nowhere")
         listener = asyncio.create_task(self._listen_loop(stop), name="relay-listener")
+        if self.listen_url is None:
+            log.info(
+                "relay without LISTEN (no direct database URL): due rows are found within %.1f s",
+                self.config.safety_poll_s,
+            )
         try:
             while not stop.is_set():
                 self._slot_freed.clear()
@@ -270,9 +282,11 @@ class Relay:
         self._slot_freed.set()
 
     async def _listen_loop(self, stop: asyncio.Event) -> None:
+        if self.listen_url is None:
+            return
         while not stop.is_set():
             try:
-                conn = await connect_async(self.url)
+                conn = await connect_async(self.listen_url, "ledgerloop-relay-listen")
                 async with conn:
                     await conn.execute("LISTEN ledgerloop_outbox")
                     self.listening.set()
@@ -535,8 +549,10 @@ async def run_relay(
     config: RelayConfig | None = None,
     mcp_servers: Mapping[str, McpServer] | None = None,
 ) -> None:
-    """The relay as a service (`ledgerloop relay`, or a task inside `ledgerloop up`)."""
-    async with Relay(url, destinations, config, mcp_servers) as relay:
+    """The relay as a service (`ledgerloop relay`, or a task inside `ledgerloop up`). It
+    LISTENs on the direct connection of a pooled URL (db/pooling.py), and without one polls
+    every `config.safety_poll_s` (set from LEDGERLOOP_POOLED_POLL_S by its callers)."""
+    async with Relay(url, destinations, config, mcp_servers, listen_url=session_url(url)) as relay:
         await relay.run(stop)
 
 

@@ -28,6 +28,9 @@
   outcome once a second for as long as the run lasts. Ledgerloop ends that task instead
   (fleet.guard.executing), recognising the loss by DBOS's own error type.
 - DBOS's engine pings each connection on checkout unless told otherwise (a setting, public).
+- Behind a transaction-mode pooler DBOS runs without LISTEN; the dispatcher's direct
+  connection LISTENs on DBOS's message channel and sets DBOS's waiters as its listener would
+  (`signal_message_waiters`).
 
 tests/integration/test_fleet_dispatch.py and test_fleet_takeover.py fail if any of these
 stops working.
@@ -49,12 +52,28 @@ from dbos._context import get_local_dbos_context
 from dbos._core import execute_dequeued_workflow
 from dbos._dbos import _get_dbos_instance
 from dbos._error import DBOSWorkflowConflictIDError
+from dbos._sys_db import _dbos_notifications_channel
 from dbos._utils import GlobalParams, generate_uuid
 from psycopg.rows import dict_row
 
 from ledgerloop.db.sql import load_queries
 
 Q = load_queries("ledgerloop.fleet")
+
+#: The channel DBOS's trigger on its notifications table notifies a message's waiter key on.
+DBOS_NOTIFICATIONS_CHANNEL = _dbos_notifications_channel
+
+
+def signal_message_waiters(payload: str) -> None:
+    """Do what DBOS's own listener does with a message notification: set the waiters of its
+    key. Behind a transaction-mode pooler DBOS runs without LISTEN (its listener would
+    LISTEN through the pooler and hear nothing), and the dispatcher's direct connection
+    hears these for it."""
+    if not payload:
+        return
+    event = _get_dbos_instance()._sys_db.notifications_map.get(payload)
+    if event is not None:
+        event.set()
 
 
 def execution_owner() -> str | None:

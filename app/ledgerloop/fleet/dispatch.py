@@ -11,6 +11,11 @@ drops them) the dispatcher claims every `fallback_s` anyway.
 
 DBOS's own queue thread does not listen to this queue (`DBOS.listen_queues`): it would poll
 it 20 times a second and claim a whole burst at once.
+
+Behind a transaction-mode pooler (db/pooling.py) the dispatcher LISTENs on the direct URL,
+and there it also relays DBOS's message notifications to DBOS's waiters (DBOS runs without
+LISTEN then: its own listener would LISTEN through the pooler and hear nothing). With no
+direct URL it cannot LISTEN at all: it claims every `poll_s` on a pooled connection.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 import psycopg
 
+from ledgerloop.db import pooling
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.fence import Fence
 
@@ -45,14 +51,21 @@ class Dispatcher:
         batch: int = 8,
         fallback_s: float = 10.0,
         peers: Callable[[], int] = lambda: 1,
+        listen_url: str | None = "",
+        poll_s: float = 1.0,
+        relay_dbos_notifications: bool = False,
     ) -> None:
         self.url = url
+        #: Where it LISTENs and claims; None: nowhere to LISTEN (it polls every poll_s).
+        # Default: the route registered for `url` (its direct URL behind a pooler).
+        self.listen_url = pooling.session_url(url) if listen_url == "" else listen_url
+        self.relay_dbos_notifications = relay_dbos_notifications and self.listen_url is not None
         #: How many live peers could take a batch this worker leaves (the heartbeat knows).
         self.peers = peers
         self.queue = queue
         self.fence = fence
         self.batch = batch
-        self.fallback_s = fallback_s
+        self.fallback_s = fallback_s if self.listen_url is not None else min(fallback_s, poll_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ledgerloop-dispatch", daemon=True)
         self._conn: psycopg.Connection[Any] | None = None
@@ -69,23 +82,51 @@ class Dispatcher:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and self.listen_url is not None:
             try:
-                with psycopg.connect(self.url, autocommit=True, connect_timeout=2) as conn:
+                with psycopg.connect(self.listen_url, autocommit=True, connect_timeout=2) as conn:
                     conn.execute("SELECT pg_notify(%s, '')", (self._wake,))
             except psycopg.Error:
                 pass  # the database is gone: the thread is already failing, waiting on _stop
+        if self._thread.is_alive():
             self._thread.join(timeout=10)
 
     def _listen(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            conn = psycopg.connect(
-                self.url, autocommit=True, application_name="ledgerloop-dispatch"
-            )
-            conn.execute(f"LISTEN {CHANNEL}")
-            conn.execute(f"LISTEN {self._wake}")
+            if self.listen_url is None:
+                # Through the pooler: no LISTEN, and no prepared statements.
+                conn = psycopg.connect(
+                    self.url,
+                    autocommit=True,
+                    application_name="ledgerloop-dispatch",
+                    **pooling.connect_kwargs(self.url),
+                )
+            else:
+                conn = psycopg.connect(
+                    self.listen_url, autocommit=True, application_name="ledgerloop-dispatch"
+                )
+                conn.execute(f"LISTEN {CHANNEL}")
+                conn.execute(f"LISTEN {self._wake}")
+                if self.relay_dbos_notifications:
+                    conn.execute(f"LISTEN {dbos_internals.DBOS_NOTIFICATIONS_CHANNEL}")
             self._conn = conn
         return self._conn
+
+    def _wait(self, conn: psycopg.Connection[Any], wait: float) -> bool:
+        """Sleep until a run is queued (True), the wait is over or a stop; relay DBOS's
+        message notifications that arrive meanwhile."""
+        if self.listen_url is None:
+            self._stop.wait(wait)
+            return False
+        deadline = time.monotonic() + wait
+        while True:
+            for notify in conn.notifies(timeout=max(0.0, deadline - time.monotonic())):
+                if notify.channel == dbos_internals.DBOS_NOTIFICATIONS_CHANNEL:
+                    dbos_internals.signal_message_waiters(notify.payload)
+                    continue
+                return True
+            if not self.relay_dbos_notifications or time.monotonic() >= deadline:
+                return False
 
     def _run(self) -> None:
         failing_since: float | None = None
@@ -99,8 +140,7 @@ class Dispatcher:
                 woken = owed
                 if not woken:
                     wait = max(0.0, last_claim + self.fallback_s - time.monotonic())
-                    for _ in conn.notifies(timeout=wait, stop_after=1):
-                        woken = True
+                    woken = self._wait(conn, wait)
                     woken = woken or time.monotonic() >= last_claim + self.fallback_s
                 if woken and not self._stop.is_set():
                     owed = not self.drain()

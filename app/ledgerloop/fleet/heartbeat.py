@@ -19,7 +19,8 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError
@@ -29,6 +30,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from ledgerloop.db import pooling
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
 from ledgerloop.fleet.fence import Fence
@@ -137,7 +139,7 @@ class Heartbeat:
         self.timings = timings
         self.fence = fence
         self._clock = clock
-        self._lock_key = random.randint(1, 2**31 - 1)
+        self._lock_key = random.randint(1, 2**31 - 1) if self.session_url else 0
         self._conn: Conn | None = None
         self._locked = False
         self._session_since: datetime | None = None
@@ -155,32 +157,69 @@ class Heartbeat:
 
     # -- connection ----------------------------------------------------------------------
 
+    @property
+    def session_url(self) -> str | None:
+        """The heartbeat's session holds an advisory lock, so it needs a session of its own:
+        the direct URL behind a transaction-mode pooler. Without one (None) it heartbeats
+        through the pooler, holds no lock (its row's lock_key is 0) and trusts no peer's free
+        lock: peers then judge it, and it them, by stale_after_s alone."""
+        return pooling.session_url(self.url)
+
     def _connection(self) -> Conn:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         timeout = max(1, int(self.timings.stale_after_s / 2))
+        url = self.session_url or self.url
         conn: Conn = psycopg.connect(
-            self.url,
+            url,
             autocommit=True,
             row_factory=dict_row,
             connect_timeout=timeout,
             application_name="ledgerloop-heartbeat",
+            **pooling.connect_kwargs(url),
         )
-        # A tick never waits long on a lock or a slow statement: the next tick retries.
-        ms = int(self.timings.stale_after_s * 1000 / 4)
-        conn.execute(f"SET statement_timeout = {ms}; SET lock_timeout = {ms}")
-        # When this session began, by the database's clock: a peer's free lock is evidence
-        # of its death only if its last heartbeat came later (queries.sql, executor_heartbeat).
-        row = conn.execute("SELECT now() AS since").fetchone()
-        self._session_since = row["since"] if row else None
+        self._session_since = None
+        if self.session_url is not None:
+            # A session of its own: its settings concern no one else.
+            ms = self._timeout_ms()
+            conn.execute(f"SET statement_timeout = {ms}; SET lock_timeout = {ms}")
+            # When this session began, by the database's clock: a peer's free lock is
+            # evidence of its death only if its last heartbeat came later (queries.sql,
+            # executor_heartbeat). Through a pooler there is no such session: None trusts
+            # no free lock.
+            row = conn.execute("SELECT now() AS since").fetchone()
+            self._session_since = row["since"] if row else None
         self._conn, self._locked = conn, False
         return conn
+
+    def _timeout_ms(self) -> int:
+        # A tick never waits long on a lock or a slow statement: the next tick retries.
+        return int(self.timings.stale_after_s * 1000 / 4)
+
+    @contextmanager
+    def _bounded(self, conn: Conn) -> Iterator[Conn]:
+        """The tick's statements under its timeouts. Through a pooler, the timeouts are set
+        for the tick's transaction only (set_config(..., true)): a session SET would stay on
+        the server connection for the pooler's next client."""
+        if self.session_url is not None:
+            yield conn
+            return
+        ms = str(self._timeout_ms())
+        with conn.transaction():
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, true), "
+                "set_config('lock_timeout', %s, true)",
+                (ms, ms),
+            )
+            yield conn
 
     def _take_lock(self, conn: Conn) -> None:
         # Held for the life of this session: when the process dies, Postgres drops the
         # session and the lock with it, and peers see that before the heartbeat goes stale.
         # Not holding it (another session still holds this key) only slows detection.
-        if not self._locked:
+        # Through a pooler without a direct URL it would stay on a pooled server connection:
+        # no lock then (lock_key 0).
+        if not self._locked and self._lock_key:
             row = conn.execute(
                 Q["executor_lock"], {"lock_ns": LOCK_NAMESPACE, "lock_key": self._lock_key}
             ).fetchone()
@@ -201,18 +240,19 @@ class Heartbeat:
         conn = self._connection()
         self._take_lock(conn)
         sent = self._clock()
-        conn.execute(
-            Q["executor_register"],
-            {
-                "id": self.executor_id,
-                "app_version": self.app_version,
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "lock_key": self._lock_key,
-                "software_version": software_version(),
-                "my_lease_s": self.timings.lease_s,
-            },
-        )
+        with self._bounded(conn):
+            conn.execute(
+                Q["executor_register"],
+                {
+                    "id": self.executor_id,
+                    "app_version": self.app_version,
+                    "hostname": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "lock_key": self._lock_key,
+                    "software_version": software_version(),
+                    "my_lease_s": self.timings.lease_s,
+                },
+            )
         self.fence.renew(sent, self.timings.lease_s)
 
     def unregister(self) -> int:
@@ -290,15 +330,16 @@ class Heartbeat:
         self._ticks += 1
         lease_s = self.timings.busy_lease_s if self.busy() else self.timings.lease_s
         sent = self._clock()
-        rows = conn.execute(
-            Q["executor_heartbeat"],
-            {
-                "id": self.executor_id,
-                "session_since": self._session_since,
-                "my_lease_s": lease_s,
-                **self.timings.params(),
-            },
-        ).fetchall()
+        with self._bounded(conn):
+            rows = conn.execute(
+                Q["executor_heartbeat"],
+                {
+                    "id": self.executor_id,
+                    "session_since": self._session_since,
+                    "my_lease_s": lease_s,
+                    **self.timings.params(),
+                },
+            ).fetchall()
         mine, others = rows[0], rows[1:]
         self.peers = int(mine["peers"])
         due = mine["due_s"]
@@ -324,10 +365,11 @@ class Heartbeat:
                 self.on_takeover(takeover)
         # Orphans (PENDING under a worker with no row) are rare; look every 30 s.
         if self._ticks % max(1, int(30 / self.timings.heartbeat_s)) == 0:
-            swept = conn.execute(
-                Q["executor_sweep_orphans"],
-                {"id": self.executor_id, "stale_s": self.timings.stale_after_s},
-            ).fetchall()
+            with self._bounded(conn):
+                swept = conn.execute(
+                    Q["executor_sweep_orphans"],
+                    {"id": self.executor_id, "stale_s": self.timings.stale_after_s},
+                ).fetchall()
             if swept:
                 log.info(
                     "put %d runs of workers that are gone back on the queue (workers: %s)",

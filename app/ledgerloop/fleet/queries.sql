@@ -42,6 +42,9 @@ WHERE executor_id = (SELECT id FROM registered) AND status = 'PENDING'
 -- it, so the server did not restart or fail over since, and the lock the peer held then on
 -- this server is free because its session ended. After a restart every lock is free and
 -- proves nothing; such a peer is dead only once it has been silent for %(stale_s)s.
+-- A worker behind a transaction-mode pooler without a direct connection holds no lock
+-- (lock_key 0) and passes no session_since (NULL): no free lock is evidence then, in
+-- either direction, and only %(stale_s)s of silence counts.
 -- Either way the worker's own lease, counted from its last heartbeat, has run out, so it
 -- starts no step body any more (ledgerloop.fleet.fence).
 --
@@ -75,6 +78,7 @@ dead AS (
         OR (coalesce(e.lease_until, e.heartbeat_at + make_interval(secs => %(lease_s)s))
               < now() - make_interval(secs => %(margin_s)s)
             AND e.heartbeat_at > %(session_since)s
+            AND e.lock_key <> 0
             AND pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key))
       )
     FOR UPDATE SKIP LOCKED
@@ -114,6 +118,7 @@ due AS (
     AND e.id NOT IN (SELECT id FROM dead)
     AND l.deadline >= now()
     AND e.heartbeat_at > %(session_since)s
+    AND e.lock_key <> 0
     AND pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key)
 ),
 -- Peers that heartbeat within the staleness limit: whether a burst has anyone to share it

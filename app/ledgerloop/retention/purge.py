@@ -45,6 +45,7 @@ from dbos import DBOSClient, DBOSPortableJSONSerializer
 from ledgerloop.agent.memory import messages_delete_for_runs
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.errors import translated
+from ledgerloop.db.pooling import engine_connect_args
 from ledgerloop.db.sql import load_queries
 from ledgerloop.effects.ledger import effects_unsettled_runs, outbox_delete_for_runs
 from ledgerloop.runs.retention import (
@@ -61,10 +62,6 @@ Q = load_queries("ledgerloop.retention")
 ACTIVE_WORKFLOW = ["PENDING", "ENQUEUED", "DELAYED"]
 
 
-#: Session settings of the purge's connections: see purge_client.
-_PURGE_OPTIONS = "-c enable_seqscan=off"
-
-
 class PurgeClient:
     """A DBOS client for purging (DBOSClient over an engine of its own); `close()` it."""
 
@@ -72,15 +69,19 @@ class PurgeClient:
         # A batch is deleted by primary key. On tables of a few tens of thousands of rows the
         # planner prefers to scan a whole table per statement (five tables per batch), which
         # made DBOS's delete_workflows several times slower than the rows it deletes; these
-        # connections serve only lookups by key, so sequential scans are simply off for them.
+        # connections serve only lookups by key, so sequential scans are off in each of
+        # their transactions. SET LOCAL, not a startup option or a session SET: a
+        # transaction-mode pooler refuses startup options, and would hand a session setting
+        # to its next client.
         url = sa.make_url(database_url).set(drivername="postgresql+psycopg")
         self.engine = sa.create_engine(
             url,
             pool_size=2,
             max_overflow=0,
             pool_pre_ping=True,
-            connect_args={"options": _PURGE_OPTIONS},
+            connect_args=engine_connect_args(database_url, "ledgerloop-purge"),
         )
+        sa.event.listen(self.engine, "begin", _by_key_plans)
         with translated(database_url, "connecting"):
             self.dbos = DBOSClient(
                 system_database_engine=self.engine, serializer=DBOSPortableJSONSerializer()
@@ -89,6 +90,13 @@ class PurgeClient:
     def close(self) -> None:
         self.dbos.destroy()
         self.engine.dispose()
+
+
+def _by_key_plans(conn: sa.Connection) -> None:
+    # Through the driver: the transaction SQLAlchemy just began starts with this statement.
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    driver.execute("SET LOCAL enable_seqscan = off")
 
 
 @dataclass

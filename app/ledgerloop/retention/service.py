@@ -9,6 +9,7 @@ import logging
 from datetime import UTC, datetime
 
 from ledgerloop.db.connect import connect
+from ledgerloop.db.pooling import session_url
 from ledgerloop.db.sql import load_queries
 from ledgerloop.retention.purge import PurgeClient, PurgeOptions, PurgeReport, purge_finished
 from ledgerloop.runtime import Runtime
@@ -18,14 +19,20 @@ Q = load_queries("ledgerloop.retention")
 
 
 def purge_once(runtime: Runtime, stop: asyncio.Event | None = None) -> PurgeReport | None:
-    """One pass of both retention settings; None when another worker holds the purge lock."""
+    """One pass of both retention settings; None when another worker holds the purge lock.
+
+    The lock is a session lock, held on the direct connection behind a transaction-mode
+    pooler. With no direct URL there is no lock: every worker purges, which is safe (a
+    purge may run twice at once, docs/operations.md) and only does some work twice."""
     settings = runtime.settings
     now = datetime.now(UTC)
     should_stop = (lambda: stop.is_set()) if stop is not None else (lambda: False)
-    with connect(runtime.database_url, autocommit=True) as conn:
-        row = conn.execute(Q["purge_lock_try"]).fetchone()
-        if row is None or not row["locked"]:
-            return None
+    lock_url = session_url(runtime.database_url)
+    with connect(lock_url or runtime.database_url, autocommit=True) as conn:
+        if lock_url is not None:
+            row = conn.execute(Q["purge_lock_try"]).fetchone()
+            if row is None or not row["locked"]:
+                return None
         client = PurgeClient(runtime.database_url)
         try:
             report = PurgeReport()
@@ -48,7 +55,8 @@ def purge_once(runtime: Runtime, stop: asyncio.Event | None = None) -> PurgeRepo
             return report
         finally:
             client.close()
-            conn.execute(Q["purge_lock_release"])
+            if lock_url is not None:
+                conn.execute(Q["purge_lock_release"])
 
 
 async def purge_service(runtime: Runtime, stop: asyncio.Event) -> None:
