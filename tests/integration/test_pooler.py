@@ -29,7 +29,7 @@ from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.testing.pgbouncer import PgBouncer
 from ledgerloop.testing.postgres import DatabaseFactory, wait_until
-from ledgerloop.testing.processes import worker_env
+from ledgerloop.testing.processes import stop_all, worker_env
 from tests.conftest import REPO, start_test_run, wait_terminal
 
 SCRIPT = """
@@ -213,12 +213,7 @@ def test_up_through_pgbouncer_runs_to_the_end(
             assert left["n"] == 0, purge.stdout + purge.stderr
             assert_pooled_connections_clean(bouncer, pooled_url, conn)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_all(proc, timeout=30)
 
 
 def test_migration_lock_is_taken_on_the_direct_connection(
