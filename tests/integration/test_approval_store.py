@@ -431,16 +431,18 @@ def test_concurrent_opposite_decisions_one_wins_the_other_waits_then_conflicts(
 
             thread = threading.Thread(target=bob_rejects)
             thread.start()
-            # Bob's transaction must be parked on alice's row lock before she commits.
-            pid = second.info.backend_pid
+            # Bob's transaction must be parked on alice's row lock before she commits. Found
+            # by what blocks it, not by his backend's pid: through a transaction-mode pooler
+            # (LEDGERLOOP_TEST_POOLER) a client's statements may run on any server connection.
+            mine = first.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]  # type: ignore[index]
             wait_until(
                 lambda: (
                     conn.execute(
-                        "SELECT wait_event_type = 'Lock' AS waiting FROM pg_stat_activity "
-                        "WHERE pid = %s",
-                        (pid,),
+                        "SELECT count(*) AS n FROM pg_stat_activity "
+                        "WHERE %s = ANY (pg_blocking_pids(pid))",
+                        (mine,),
                     ).fetchone()
-                    == {"waiting": True}
+                    == {"n": 1}
                 ),
                 timeout=10,
             )
