@@ -28,6 +28,12 @@ from tests.support.telemetry import Captured, capture_telemetry
 collect_ignore = ["user_project"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first: with the suite spread over processes (scripts/test), one that
+    starts last keeps every other process waiting for it."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:
     with postgres_server() as server:

@@ -150,7 +150,7 @@ def test_worker_and_relay_started_while_the_database_is_down_come_up_when_it_ret
     relay = start_relay(env, log=relay_log)
     try:
         for log in (worker_log, relay_log):
-            wait_until(lambda log=log: _log_has(log, "unreachable"), timeout=30)
+            wait_until(lambda log=log: _log_has(log, "unreachable"), timeout=90)
         assert worker.poll() is None
         assert relay.poll() is None
         # Said once, not once per attempt; and the relay did not claim to be up.

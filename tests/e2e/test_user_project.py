@@ -20,11 +20,14 @@ PROJECT = Path(__file__).resolve().parents[1] / "user_project"
 
 
 # The whole project in one test: 23 cases, each starting and killing real processes.
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_user_project_passes_the_crash_matrix_and_catches_a_lying_downstream() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LEDGERLOOP_FAULTS")}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q"],
+        # On four processes, as the project's owner may run it (pytest-xdist): each builds a
+        # test Postgres of its own through the plugin.
+        [sys.executable, "-m", "pytest", "-q", "-n", "4"],
         cwd=PROJECT,
         env=env,
         capture_output=True,

@@ -123,8 +123,10 @@ def answer(
     row: dict[str, Any] | None, workflow_id: str, function_id: int, function_name: str
 ) -> dict[str, Any] | None:
     """What DBOS's check returns or raises for the row `journal_check` read."""
-    # DBOS asserts the workflow exists; the same message, the same exception.
-    assert row is not None, f"Error: Workflow {workflow_id} does not exist"
+    # DBOS asserts the workflow exists; the same message, the same exception. Raised, not
+    # asserted: `python -O` would drop an assert, and pytest's rewriting would lengthen it.
+    if row is None:
+        raise AssertionError(f"Error: Workflow {workflow_id} does not exist")
     if row["status"] == "CANCELLED":
         raise DBOSWorkflowCancelledError(f"Workflow {workflow_id} is cancelled. Aborting function.")
     if not row["recorded"]:
