@@ -35,7 +35,7 @@ from tests.support.blip_agents import READ_URL_ENV
 
 pytestmark = pytest.mark.crash
 
-RUNS = 6
+RUNS = 8
 #: Read, write, read, answer: four model calls, two GETs and one POST per run. Each answer
 #: takes a moment, so a blip finds calls in flight and steps about to checkpoint.
 SCRIPT = """
@@ -48,8 +48,8 @@ default:
 """
 TURNS = 4
 #: Restarts, this far apart: about one per turn while the runs are under way.
-BLIPS = 5
-BLIP_EVERY_S = 0.9
+BLIPS = 10
+BLIP_EVERY_S = 0.4
 
 
 @pytest.fixture
@@ -75,8 +75,7 @@ def _database(cluster: LocalCluster) -> str:
 def _repeated_model_calls(requests: list[dict[str, Any]]) -> dict[str, int]:
     """Model calls asked more than once: by the run's first message and the turn."""
     asked = Counter(
-        f"{json.dumps(r['request']['messages'][0]['content'])} turn {r['turn']}"
-        for r in requests
+        f"{json.dumps(r['request']['messages'][0]['content'])} turn {r['turn']}" for r in requests
     )
     return {call: n for call, n in asked.items() if n > 1}
 
