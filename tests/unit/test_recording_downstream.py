@@ -78,3 +78,12 @@ def test_a_users_own_downstream_reports_what_it_performed(
     # A report that is not one is refused, and counts nothing.
     assert httpx.post(downstream.report_url, json={"key": 3}).status_code == 400
     assert len(downstream.effects()) == 3
+
+
+def test_gets_are_counted_by_path(downstream: RecordingDownstream) -> None:
+    assert httpx.get(f"{downstream.url}/docs/a/run:call-1").status_code == 404
+    assert httpx.get(f"{downstream.url}/docs/a/run:call-1").status_code == 404
+    assert httpx.get(f"{downstream.url}/docs/b/run:call-2").status_code == 404
+    assert downstream.gets_by_path() == {"/docs/a/run:call-1": 2, "/docs/b/run:call-2": 1}
+    downstream.reset()
+    assert downstream.gets_by_path() == {}

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ledgerloop.agent import steps
 from ledgerloop.agent.definition import get_agent
+from ledgerloop.agent.keep import keep
 from ledgerloop.agent.stepping import db_call
 from ledgerloop.agent.steps import tool_result
 from ledgerloop.effects.delivery import Verdict
@@ -178,13 +179,20 @@ async def run_mcp_read(
         if not isinstance(arguments, dict):
             span.record_error("InvalidArguments", "arguments are not an object")
             return tool_result(call_id, f"arguments for {name} must be an object", is_error=True)
-        outcome = await call_tool(
-            pool, server_name, server, definition["mcp_name"], arguments, connection=connection
-        )
-        if outcome.delivery.verdict is Verdict.UNKNOWN:
+
+        async def read() -> Any:
+            first = await call_tool(
+                pool, server_name, server, definition["mcp_name"], arguments, connection=connection
+            )
+            if first.delivery.verdict is not Verdict.UNKNOWN:
+                return first
             # A read changes nothing: one more try on a fresh connection (the pooled one may
             # have outlived its server).
-            outcome = await call_tool(pool, server_name, server, definition["mcp_name"], arguments)
+            return await call_tool(pool, server_name, server, definition["mcp_name"], arguments)
+
+        # Kept for a retry of this step (agent.keep): the offload after it failing on a
+        # transient database error does not call the server again.
+        outcome = await keep(f"mcp read {call_id}", read)
         delivery = outcome.delivery
         if delivery.verdict is not Verdict.SUCCEEDED:
             error_type = "McpError"

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ValidationError
 from ledgerloop.agent.budgets import RunBudget, Spent
 from ledgerloop.agent.context import RunContext, Thought
 from ledgerloop.agent.definition import Agent, get_agent
+from ledgerloop.agent.keep import forget_workflow
 from ledgerloop.agent.primitives import call_read_tool, think
 from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet.guard import executing
@@ -226,7 +227,10 @@ async def run_episode(
 async def episode_workflow(spec: dict[str, Any]) -> dict[str, Any]:
     # Known to the fence like a run's execution (a child resumed on its own runs here).
     with executing():
-        return await _passes(spec)
+        try:
+            return await _passes(spec)
+        finally:
+            forget_workflow(str(DBOS.workflow_id))  # what its steps kept (agent.keep)
 
 
 async def _passes(spec: dict[str, Any]) -> dict[str, Any]:

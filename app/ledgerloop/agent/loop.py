@@ -30,6 +30,7 @@ from dbos import DBOS
 from ledgerloop.agent import dbos_waiters, tracing
 from ledgerloop.agent.context import Ended, Message, RunContext, Stop
 from ledgerloop.agent.hibernation import hibernating_allowed
+from ledgerloop.agent.keep import forget_workflow
 from ledgerloop.agent.orchestration import get_orchestration
 from ledgerloop.agent.primitives import (
     act,
@@ -74,7 +75,10 @@ async def ledgerloop_run(run_id: str) -> dict[str, Any]:
         )
     # Known to the fence, so a stopping worker can end this execution between steps.
     with executing():
-        return await _execute(run_id)
+        try:
+            return await _execute(run_id)
+        finally:
+            forget_workflow(run_id)  # what its steps kept for a retry (agent.keep)
 
 
 async def _execute(run_id: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from dbos import DBOS, StepOptions
 
+from ledgerloop.agent.keep import step_scope
 from ledgerloop.db.connect import Conn
 from ledgerloop.failures import retry_transient
 from ledgerloop.faults import after_step
@@ -40,18 +41,24 @@ async def run_step(name: str, options: StepOptions, fn: Callable[..., Any], *arg
     """Run `fn(*args)` as the step `name`: once, or its journaled result on a replay.
 
     Transient failures (the database away for a minute) are retried inside the step within
-    the budget; anything else is raised at once, for the workflow to end the run. Each
-    attempt is fenced: it starts only while this worker may run steps (fleet.fence).
+    the budget, without asking again for what the body received before (agent.keep);
+    anything else is raised at once, for the workflow to end the run. Each attempt is
+    fenced: it starts only while this worker may run steps (fleet.fence).
     """
     named: StepOptions = {**options, "name": name}
     budget = get_runtime().settings.step_retry_budget_s
     hold = Hold()
     body = retry_transient(fenced(fn, hold), budget, f"run {DBOS.workflow_id} step {name}")
-    try:
-        result = await DBOS.run_step_async(named, body, *args)
-    finally:
-        # The body counts as under way until DBOS has recorded what it returned (fleet.guard).
-        hold.release()
+    # What the body received (agent.keep) outlives a transient failure after it, and is
+    # dropped once DBOS has recorded what the body returned.
+    with step_scope() as recorded:
+        try:
+            result = await DBOS.run_step_async(named, body, *args)
+        finally:
+            # The body counts as under way until DBOS has recorded what it returned
+            # (fleet.guard).
+            hold.release()
+        recorded()
     after_step(name)
     return result
 

@@ -18,6 +18,7 @@ from dbos import DBOS
 from pydantic import ValidationError
 
 from ledgerloop.agent.definition import Agent, get_agent
+from ledgerloop.agent.keep import keep
 from ledgerloop.agent.memory import messages_load
 from ledgerloop.agent.stepping import db_call, pooled_autocommit
 from ledgerloop.db.connect import Conn
@@ -25,7 +26,7 @@ from ledgerloop.faults import hit
 from ledgerloop.models.client import Tier
 from ledgerloop.runs.states import TERMINAL, RunStatus
 from ledgerloop.runs.store import Memory, RunStopped, run_ensure_status, run_facts
-from ledgerloop.runtime import get_runtime
+from ledgerloop.runtime import Runtime, get_runtime
 from ledgerloop.telemetry import chat_span, empty_turn, tool_span
 from ledgerloop.telemetry.executions import end_run_here, lost_call
 from ledgerloop.telemetry.runtrace import end_run, trace_headers
@@ -314,10 +315,11 @@ async def _ask(
         step_name=step_name,
         max_tokens=agent.max_tokens,
     ) as recorder:
-        try:
-            # The chat span's context rides the request (W3C traceparent).
-            response = await rt.model.create(**request, extra_headers=trace_headers())
-        except Exception as exc:
+        # Kept for a retry of this step (agent.keep): the save after it failing on a
+        # transient database error repeats the save, not the call.
+        answer = await keep("model", lambda: _call_model(rt, request))
+        if isinstance(answer, Exception):
+            exc = answer
             error = {"type": type(exc).__name__, "message": str(exc)[:500]}
             status = getattr(exc, "status_code", None)
             if status is not None:
@@ -326,6 +328,7 @@ async def _ask(
             recorder.record_error(error["type"], error["message"])
             failed = {"error": error, "model": model, "tier": tier, "now": time.time()}
             return {**failed, **read_results}, save
+        response = answer
         recorder.record_response(response)
         recorder.record_content(messages, response, agent.system)
     if is_empty_turn(response):
@@ -338,6 +341,17 @@ async def _ask(
         **read_results,
     }
     return result, save
+
+
+async def _call_model(rt: Runtime, request: dict[str, Any]) -> dict[str, Any] | Exception:
+    """The one messages.create of a think step: the response, or the error it raised (kept
+    as well: a failed call is not asked again either, the step reports it)."""
+    try:
+        # The chat span's context rides the request (W3C traceparent).
+        response: dict[str, Any] = await rt.model.create(**request, extra_headers=trace_headers())
+    except Exception as exc:
+        return exc
+    return response
 
 
 def answer_text(response: dict[str, Any]) -> str | None:
@@ -451,7 +465,12 @@ async def run_read_tool(
         if cached is not None:
             output: Any = cached
         else:
-            outcome = await _with_retries(tool.handler, args, ctx, policy)
+            # Kept for a retry of this step (agent.keep): a transient failure after the
+            # read (the offload, the step's later statements) does not read again.
+            handler = tool.handler
+            outcome = await keep(
+                f"read {call_id}", lambda: _with_retries(handler, args, ctx, policy)
+            )
             if outcome["error"] is not None:
                 span.record_error(outcome["error"]["type"], outcome["error"]["message"])
                 return tool_result(call_id, json.dumps(outcome["error"]), is_error=True)

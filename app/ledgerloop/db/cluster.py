@@ -176,6 +176,33 @@ class LocalCluster:
             check=False,
         )
 
+    def restart(self, mode: str = "immediate", timeout: float = 30.0) -> None:
+        """Stop and start again (`pg_ctl restart -m mode`): every connection is cut, and the
+        server answers again within about a second. `immediate` is a crash as far as the
+        clients can tell (no shutdown checkpoint; recovery on start); `fast` a clean stop."""
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError(f"restart mode {mode!r}: use 'smart', 'fast' or 'immediate'")
+        proc = subprocess.run(
+            self._cmd(
+                str(self.bin_dir / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.root / "postgres.log"),
+                "-m",
+                mode,
+                "-w",
+                "-t",
+                str(int(timeout)),
+                "restart",
+            ),
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            log = (self.root / "postgres.log").read_text()[-2000:] if self.root.exists() else ""
+            raise ClusterError(f"pg_ctl restart failed: {proc.stderr.strip()} {log}")
+
     def kill(self) -> None:
         """SIGKILL the postmaster, as a crashed host would leave it."""
         pid_file = self.data_dir / "postmaster.pid"

@@ -116,6 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = unquote(urlsplit(self.path).path)
+        self.server.owner.got(path)
         found = self.server.owner.lookup(path)
         if found is None:
             self._reply(404, {"error": "nothing was created with this key"})
@@ -145,6 +146,7 @@ class RecordingDownstream:
         self.key_header = key_header
         self._lock = threading.Lock()
         self._effects: list[RecordedEffect] = []
+        self._gets: Counter[str] = Counter()
         self._server = _Server(self, (host, port))
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="recording-downstream", daemon=True
@@ -197,6 +199,11 @@ class RecordingDownstream:
         body)."""
         return self.url + REPORT_PATH
 
+    def got(self, path: str) -> None:
+        """Count a `GET` (the handler calls it for each one it answers)."""
+        with self._lock:
+            self._gets[path] += 1
+
     def lookup(self, path: str) -> RecordedEffect | None:
         with self._lock:
             for done in self._effects:
@@ -209,6 +216,12 @@ class RecordingDownstream:
     def effects(self) -> list[RecordedEffect]:
         with self._lock:
             return list(self._effects)
+
+    def gets_by_path(self) -> Counter[str]:
+        """Every `GET` asked of this downstream, by path: a read tool pointed here is
+        counted as a write is by `count_by_key`."""
+        with self._lock:
+            return Counter(self._gets)
 
     def count_by_key(self) -> Counter[str | None]:
         return Counter(e.key for e in self.effects())
@@ -223,3 +236,4 @@ class RecordingDownstream:
     def reset(self) -> None:
         with self._lock:
             self._effects.clear()
+            self._gets.clear()
