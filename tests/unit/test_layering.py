@@ -25,7 +25,8 @@ LAYERS: list[set[str]] = [
     {"config", "failures", "telemetry"},
     {"db", "sandbox", "fleet.fence"},
     {"models", "tools", "runs", "effects"},
-    {"approvals", "mcptools"},
+    # Live run streams: read the run store, fanned out over one LISTEN (under http).
+    {"approvals", "mcptools", "streams"},
     # The effects' services: they deliver over HTTP (effects.delivery) and MCP (mcptools).
     {"runtime", "effects.relay", "effects.reconciler"},
     # Liveness, takeover, the step fence and dispatch: under the agent, whose steps it fences.
