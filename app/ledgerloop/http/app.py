@@ -35,7 +35,7 @@ from ledgerloop.http.errors import (
 from ledgerloop.http.page import router as page_router
 from ledgerloop.http.routes_approvals import router as approvals_router
 from ledgerloop.http.routes_effects import router as effects_router
-from ledgerloop.http.routes_events import read_as_owner
+from ledgerloop.http.routes_events import READS_AT_ONCE, read_as_owner
 from ledgerloop.http.routes_events import router as events_router
 from ledgerloop.http.routes_runs import router as runs_router
 from ledgerloop.streams.hub import RunEventHub
@@ -79,16 +79,20 @@ def create_app(
             await asyncio.to_thread(pool.close)
             raise
         app.state.pool, app.state.dbos = pool, dbos
-        # One listener for every stream this process serves (streams/hub.py).
-        listener = PgListener(database_url) if notifications is None else None
-        hub = RunEventHub(notifications or listener or PgListener(database_url), read_as_owner(app))
-        hub.start()
-        app.state.hub, app.state.closing = hub, asyncio.Event()
+        # One listener for every stream this process serves (streams/hub.py), unless the
+        # process hands its own source in.
+        listener: PgListener | None = None
+        source = notifications
+        if source is None:
+            source = listener = PgListener(database_url)
+        app.state.stream_reads = asyncio.Semaphore(READS_AT_ONCE)
+        app.state.hub, app.state.closing = RunEventHub(source, read_as_owner(app)), asyncio.Event()
+        app.state.hub.start()
         try:
             yield
         finally:
             app.state.closing.set()
-            hub.stop()
+            app.state.hub.stop()
             if listener is not None:
                 await asyncio.to_thread(listener.close)
             await asyncio.to_thread(dbos.destroy)

@@ -31,6 +31,10 @@ router = APIRouter(prefix="/v1/runs", tags=["runs"])
 #: A comment line this often keeps proxies from closing an idle stream.
 KEEPALIVE_S = 15.0
 
+#: Stream reads (authorizations, replay pages, the hub's reads) in flight at once: a burst of
+#: subscribers queues here instead of growing the API's pool by a connection each.
+READS_AT_ONCE = 2
+
 
 class BadLastEventId(LedgerloopError):
     """The stream cannot resume from the given event id."""
@@ -76,7 +80,8 @@ def read_as_owner(app: FastAPI) -> Reader:
             return read_page(conn, run_id, after)
 
     async def reader(run_id: uuid.UUID, after: int) -> Page | None:
-        return await asyncio.to_thread(read, run_id, after)
+        async with app.state.stream_reads:
+            return await asyncio.to_thread(read, run_id, after)
 
     return reader
 
@@ -108,9 +113,10 @@ async def events(
     if credentials is None:
         raise Unauthenticated()
     cursor = _resume_point(after, last_event_id)
-    first = await asyncio.to_thread(
-        _authorized_page, request, credentials.credentials, run_id, cursor
-    )
+    async with request.app.state.stream_reads:
+        first = await asyncio.to_thread(
+            _authorized_page, request, credentials.credentials, run_id, cursor
+        )
     hub: RunEventHub = request.app.state.hub
     closing: asyncio.Event = request.app.state.closing
     reader = hub.read
