@@ -3,8 +3,11 @@ SSE client: replay, live events through the LISTEN fan-out, resume, auth and bad
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import queue
+import subprocess
 import threading
 import time
 import uuid
@@ -15,13 +18,23 @@ from typing import Any
 import httpx
 import pytest
 
+from ledgerloop.client import ApiError, AsyncClient, Client
+from ledgerloop.client import Event as ClientEvent
 from ledgerloop.config import DEFAULT_TENANT
 from ledgerloop.db.connect import Conn
+from ledgerloop.http.app import create_app
+from ledgerloop.http.server import listen
 from ledgerloop.runs.start import start_run
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import Run, run_require, run_transition
 from ledgerloop.testing.postgres import wait_until
-from tests.e2e.conftest import TENANT_B, MakeToken, ServerThread, bearer
+from tests.e2e.conftest import (
+    TENANT_B,
+    MakeToken,
+    ServerThread,
+    bearer,
+    run_awaiting_approval,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -210,3 +223,109 @@ def test_many_subscribers_share_one_listener_and_one_read(
         for reader in [warm, *readers]:
             reader.thread.join(10)
         assert hub.subscribers == 0
+
+
+# -- the Python client and `ledgerloop runs follow` ------------------------------------------
+
+
+def _server_on(url: str, db_url: str) -> ServerThread:
+    """A new server on the address another one used (a restart of the API)."""
+    server = ServerThread(create_app(db_url, agent_names={"ops"}))
+    server.sock.close()
+    server.sock = listen("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    server.url = url
+    return server
+
+
+def test_client_resumes_across_a_server_restart(
+    db_url: str, conn: Conn, make_token: MakeToken
+) -> None:
+    token = make_token("runner")
+    first = ServerThread(create_app(db_url, agent_names={"ops"})).__enter__()
+    with Client(first.url, token, retry_s=0.1) as api:
+        run_id = api.start_run("ops", {"message": "db-1 disk full"}, idempotency_key="k1")["id"]
+        # The same key: the same run.
+        assert (
+            api.start_run("ops", {"message": "db-1 disk full"}, idempotency_key="k1")["id"]
+            == run_id
+        )
+        run = run_transition(
+            conn, run_require(conn, uuid.UUID(run_id)), RunStatus.PLANNING, "planning", {}
+        ).run
+        seen: queue.Queue[ClientEvent] = queue.Queue()
+
+        def follow() -> None:
+            for event in api.events(run_id):
+                seen.put(event)
+
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        assert [seen.get(timeout=10).id for _ in range(2)] == [0, 1]
+        first.__exit__(None, None, None)  # the API goes away mid-stream
+        with _server_on(first.url, db_url):
+            run_transition(conn, run, RunStatus.FAILED, "failed", {"reason": "done"})
+            reader.join(30)
+            assert not reader.is_alive()
+    rest = [seen.get_nowait() for _ in range(seen.qsize())]
+    assert [(e.id, e.type) for e in rest] == [(2, "failed"), (None, "run.finished")]
+
+
+def test_async_client_replays_and_approves(
+    http: httpx.Client, server: ServerThread, conn: Conn, make_token: MakeToken
+) -> None:
+    approval = run_awaiting_approval(conn)
+    token = make_token("approver")
+
+    async def main() -> tuple[list[ClientEvent], dict[str, object]]:
+        async with AsyncClient(server.url, token) as api:
+            decided = await api.approve(str(approval.id), "looks right")
+            # Only the recorded part: the run waits for a worker that is not there.
+            got: list[ClientEvent] = []
+            async for event in api.events(str(approval.run_id), after=0):
+                got.append(event)
+                if event.id == 2:
+                    break
+            with pytest.raises(ApiError) as missing:
+                async for _ in api.events(str(uuid.uuid4())):
+                    pass
+            assert missing.value.status == 404
+            assert missing.value.type == "run_not_found"
+            return got, decided
+
+    got, decided = asyncio.run(main())
+    assert [(e.id, e.type) for e in got] == [(1, "planning"), (2, "awaiting_approval")]
+    assert decided["outcome"] == "applied"
+    assert decided["approval"]["status"] == "approved"  # type: ignore[index]
+
+
+def test_runs_follow_prints_steps_and_exits_with_the_outcome(
+    server: ServerThread, conn: Conn, make_token: MakeToken
+) -> None:
+    token = make_token("viewer")
+    run = new_run(conn)
+    run = run_transition(conn, run, RunStatus.PLANNING, "planning", {"turn": 0}).run
+    run_transition(conn, run, RunStatus.FAILED, "failed", {"reason": "test"})
+    env = {**os.environ, "LEDGERLOOP_TOKEN": token, "LEDGERLOOP_URL": server.url}
+    done = subprocess.run(
+        ["ledgerloop", "runs", "follow", str(run.id)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.splitlines() == [
+        "#0 received",
+        "#1 planning",
+        "#2 failed",
+        f"run {run.id} finished: failed",
+    ]
+    missing = subprocess.run(
+        ["ledgerloop", "runs", "follow", str(uuid.uuid4())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2
+    assert "404 run_not_found" in missing.stderr
