@@ -19,13 +19,15 @@ SOURCE = Path(__file__).resolve().parents[2] / "app"
 
 #: Lowest first. The package's own `__init__` (the public facade) sits above all of them.
 LAYERS: list[set[str]] = [
-    {"version", "errors", "faults"},
+    # The HTTP API's client: it imports nothing of the server.
+    {"version", "errors", "faults", "client"},
     # Which URL runs through a pooler: registered by config, read by every connection.
     {"db.pooling"},
     {"config", "failures", "telemetry"},
     {"db", "sandbox", "fleet.fence"},
     {"models", "tools", "runs", "effects"},
-    {"approvals", "mcptools"},
+    # Live run streams: read the run store, fanned out over one LISTEN (under http).
+    {"approvals", "mcptools", "streams"},
     # The effects' services: they deliver over HTTP (effects.delivery) and MCP (mcptools).
     {"runtime", "effects.relay", "effects.reconciler"},
     # Liveness, takeover, the step fence and dispatch: under the agent, whose steps it fences.

@@ -183,6 +183,40 @@ def runs_cancel(
     typer.echo(f"run {run_id} cancelled ({closed} pending approvals closed)")
 
 
+@runs_cli.command("follow")
+@user_errors
+def runs_follow(
+    run_id: uuid.UUID = typer.Argument(..., help="The run's id."),
+    url: str = typer.Option(
+        "http://127.0.0.1:8080", envvar="LEDGERLOOP_URL", help="The HTTP API's base URL."
+    ),
+    token: str = typer.Option(
+        ..., envvar="LEDGERLOOP_TOKEN", help="A token (`ledgerloop approvers add` prints one)."
+    ),
+    after: int | None = typer.Option(None, help="Start after this event id."),
+) -> None:
+    """Print a run's events as they happen, until it finishes; resumes by itself after a
+    dropped connection. Exit 0 when the run succeeded, 1 otherwise."""
+    from ledgerloop.client import FINISHED, ApiError, Client
+
+    try:
+        with Client(url, token) as api:
+            for event in api.events(str(run_id), after=after):
+                if event.type == "text.delta":
+                    typer.echo(event.data.get("text", ""), nl=False)
+                elif event.type == FINISHED:
+                    status = event.data.get("status")
+                    typer.echo(f"run {run_id} finished: {status}")
+                    raise typer.Exit(0 if status == "succeeded" else 1)
+                else:
+                    step = event.data.get("step")
+                    where = f" ({step})" if step else ""
+                    typer.echo(f"#{event.id} {event.type}{where}")
+    except ApiError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 @runs_cli.command("purge")
 @user_errors
 def runs_purge(

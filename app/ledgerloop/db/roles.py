@@ -34,6 +34,7 @@ SCOPE_TABLE_RIGHTS = {
     "activity_effect": "SELECT, INSERT, UPDATE",
     "outbox": "SELECT, INSERT, UPDATE",
     "approval": "SELECT",
+    "run_message": "SELECT, INSERT",
 }
 #: Functions a scoped statement calls (policies read current_tenant).
 SCOPE_FUNCTIONS = (

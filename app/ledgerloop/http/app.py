@@ -35,7 +35,11 @@ from ledgerloop.http.errors import (
 from ledgerloop.http.page import router as page_router
 from ledgerloop.http.routes_approvals import router as approvals_router
 from ledgerloop.http.routes_effects import router as effects_router
+from ledgerloop.http.routes_events import READS_AT_ONCE, read_as_owner
+from ledgerloop.http.routes_events import router as events_router
 from ledgerloop.http.routes_runs import router as runs_router
+from ledgerloop.streams.hub import RunEventHub
+from ledgerloop.streams.source import NotificationSource, PgListener
 
 #: The largest request body accepted (the SQL start_run's input limit is the same 256 KiB).
 MAX_BODY_BYTES = 256 * 1024
@@ -53,8 +57,15 @@ class Health(BaseModel):
 
 
 def create_app(
-    database_url: str, *, agent_names: Iterable[str], pool_max_size: int = 10
+    database_url: str,
+    *,
+    agent_names: Iterable[str],
+    pool_max_size: int = 10,
+    notifications: NotificationSource | None = None,
 ) -> FastAPI:
+    """`notifications`: where the run event streams hear of new events; by default a
+    LISTEN connection of the app's own (streams/source.py)."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Both open synchronously (the pool waits for its first connection): off the loop,
@@ -68,9 +79,22 @@ def create_app(
             await asyncio.to_thread(pool.close)
             raise
         app.state.pool, app.state.dbos = pool, dbos
+        # One listener for every stream this process serves (streams/hub.py), unless the
+        # process hands its own source in.
+        listener: PgListener | None = None
+        source = notifications
+        if source is None:
+            source = listener = PgListener(database_url)
+        app.state.stream_reads = asyncio.Semaphore(READS_AT_ONCE)
+        app.state.hub, app.state.closing = RunEventHub(source, read_as_owner(app)), asyncio.Event()
+        app.state.hub.start()
         try:
             yield
         finally:
+            app.state.closing.set()
+            app.state.hub.stop()
+            if listener is not None:
+                await asyncio.to_thread(listener.close)
             await asyncio.to_thread(dbos.destroy)
             await asyncio.to_thread(pool.close)
 
@@ -87,6 +111,7 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(BodyGuard)
     app.include_router(runs_router)
+    app.include_router(events_router)
     app.include_router(approvals_router)
     app.include_router(effects_router)
     app.include_router(page_router)

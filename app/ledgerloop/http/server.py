@@ -117,6 +117,10 @@ async def run_server(
             finally:
                 stopped.cancel()
                 server.should_exit = True
+                # Open event streams end now instead of holding the drain to its timeout.
+                closing = getattr(app.state, "closing", None)
+                if closing is not None:
+                    closing.set()
                 # Awaited even when this task was cancelled: open requests finish first.
                 await serving
     finally:
