@@ -27,7 +27,7 @@ from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.dispatch import Dispatcher
 from ledgerloop.fleet.fence import Fence
-from ledgerloop.fleet.heartbeat import FleetTimings, Heartbeat
+from ledgerloop.fleet.heartbeat import FleetTimings, Heartbeat, Rewind
 from ledgerloop.mcptools.client import close_connections
 from ledgerloop.models.client import make_model_client
 from ledgerloop.runtime import Runtime, install
@@ -219,6 +219,11 @@ async def run_worker(
     heartbeat = Heartbeat(
         url, settings.executor_id, settings.application_version, timings, runtime.fence
     )
+    fence = runtime.fence
+    # After a failed heartbeat no checkpoint is written until the rewind check has run
+    # (fleet.heartbeat); bounded, so a worker cut off for good fails its writes as before.
+    dbos_checkpoint.gate_writes(lambda: fence.wait_valid(timings.stale_after_s))
+    heartbeat.on_rewind = _forget_rewound
     dispatcher: Dispatcher | None = None
     launched = False
     say_route(settings, url)
@@ -292,9 +297,20 @@ async def run_worker(
                 log.warning("could not hand runs back (%s); peers will take them over", exc)
         await runtime.model.close()
         runtime.pool.close()
+        dbos_checkpoint.gate_writes(None)
         install(None)
     if failures:
         raise failures[0]
+
+
+def _forget_rewound(rewind: Rewind) -> None:
+    """The database lost these runs' recent past: drop the writes this process recorded ahead
+    for them, so their resumed steps record and deliver by the journal the database holds."""
+    from ledgerloop.agent.effect_record import forget_runs
+
+    dropped = forget_runs(set(rewind.lost) | set(rewind.moved))
+    if dropped:
+        log.info("dropped %d writes recorded ahead that the database lost", dropped)
 
 
 def say_route(settings: Settings, url: str) -> None:

@@ -245,6 +245,16 @@ def hand_over(written: Prerecorded) -> None:
             del _prerecorded[key]
 
 
+def forget_runs(run_ids: set[str]) -> int:
+    """Drop the writes recorded ahead for `run_ids` (the database lost them with a failover:
+    the step that records the write again hands over a new one). How many were dropped."""
+    with _prerecorded_lock:
+        gone = [k for k, w in _prerecorded.items() if str(w.effect.run_id) in run_ids]
+        for key in gone:
+            del _prerecorded[key]
+    return len(gone)
+
+
 def take_prerecorded(key: str) -> Prerecorded | None:
     """The write recorded ahead under `key` by this process, once; None when there is none,
     or when its claim is too old to deliver under (half its lease gone: a relay elsewhere

@@ -24,6 +24,12 @@ back), without the rider. The DBOS internal `step-checkpoint` (ledgerloop.dbos_i
 lists what this relies on; its contract test compares the rows both write, and checks that
 an execution that lost its workflow, or a step recorded already with another time, raises
 what DBOS raises and commits nothing.
+
+Each checkpoint this process wrote is remembered (`written`): the last of each workflow, for
+the heartbeat's rewind check after a failover (fleet.heartbeat), which asks whether the
+database still holds it. A gate (`gate_writes`, the worker's fence) holds a checkpoint back
+while a heartbeat has failed and the rewind check has not run yet: a checkpoint written on a
+database that lost the steps before it would leave a hole in the journal.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, LiteralString, Protocol
 
@@ -95,6 +101,43 @@ CHECKPOINT_COLUMNS = frozenset(
 _riders: dict[tuple[str, int], Rider] = {}
 _lock = threading.Lock()
 
+#: workflow id -> (the last operation this process checkpointed for it, time.monotonic()).
+_written: dict[str, tuple[int, float]] = {}
+#: Called before each checkpoint (blocks while writes must wait; see `gate_writes`).
+_gate: Callable[[], object] | None = None
+
+
+def gate_writes(gate: Callable[[], object] | None) -> None:
+    """Call `gate` before each checkpoint this process writes (None: no gate). It may block
+    (bounded); it should not raise."""
+    global _gate
+    _gate = gate
+
+
+def _wrote(workflow_id: str, function_id: int) -> None:
+    with _lock:
+        before = _written.get(workflow_id)
+        if before is None or before[0] <= function_id:
+            _written[workflow_id] = (function_id, time.monotonic())
+
+
+def written(max_age_s: float) -> dict[str, int]:
+    """The last operation this process checkpointed, per workflow, for the workflows it
+    checkpointed within `max_age_s` (older ones are forgotten)."""
+    horizon = time.monotonic() - max_age_s
+    with _lock:
+        for key in [k for k, (_, at) in _written.items() if at < horizon]:
+            del _written[key]
+        return {k: fid for k, (fid, _) in _written.items()}
+
+
+def forget(workflow_ids: Iterable[str]) -> None:
+    """Drop what this process remembers writing for `workflow_ids` (they went back in time
+    and are resumed from the journal the database holds)."""
+    with _lock:
+        for workflow_id in workflow_ids:
+            _written.pop(workflow_id, None)
+
 
 def ride(workflow_id: str, function_id: int, rider: Rider) -> None:
     """Commit `rider` with the checkpoint of operation `function_id` of `workflow_id` (the
@@ -141,6 +184,24 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
     rider in the same transaction."""
 
     def record(
+        result: dict[str, Any],
+        *,
+        completed_at_epoch_ms: int | None = None,
+        owner_xid: str | None = None,
+        owner_key: str | None = None,
+    ) -> None:
+        workflow_id = result["workflow_uuid"]
+        if _gate is not None:
+            _gate()
+        write(
+            result,
+            completed_at_epoch_ms=completed_at_epoch_ms,
+            owner_xid=owner_xid,
+            owner_key=owner_key,
+        )
+        _wrote(workflow_id, result["function_id"])
+
+    def write(
         result: dict[str, Any],
         *,
         completed_at_epoch_ms: int | None = None,

@@ -123,9 +123,14 @@ def executing() -> Iterator[None]:
         yield
         return
     fence.executions.add(task)
+    workflow_id = DBOS.workflow_id
+    if workflow_id:
+        fence.running[workflow_id] = task
     # Until the task is done, not until this block ends: DBOS goes on with the task after the
     # workflow function returns (writing the outcome, or parking the execution).
     task.add_done_callback(fence.executions.discard)
+    if workflow_id:
+        task.add_done_callback(lambda t: _not_running(fence, workflow_id, t))
     try:
         yield
     except BaseException as exc:
@@ -136,3 +141,9 @@ def executing() -> Iterator[None]:
             # that outcome: the task ends at the park's first wait, recording nothing.
             task.cancel()
         raise
+
+
+def _not_running(fence: Fence, workflow_id: str, task: asyncio.Task[Any]) -> None:
+    # A newer execution of the same workflow (claimed again here) keeps its entry.
+    if fence.running.get(workflow_id) is task:
+        del fence.running[workflow_id]

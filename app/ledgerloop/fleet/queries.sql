@@ -309,3 +309,52 @@ SELECT c.workflow_uuid, c.status, c.name, c.recovery_attempts, c.config_name, c.
 FROM claimed c
 LEFT JOIN dbos.workflow_input i ON i.workflow_uuid = c.workflow_uuid
 ORDER BY c.priority, c.created_at
+
+-- name: executor_timeline
+-- The server's timeline (a promotion starts a new one): the first 8 hex digits of the name
+-- of the WAL file being written. NULL where that cannot be read (a standby, a pooler that
+-- forbids the function).
+SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int AS timeline
+
+-- name: executor_rewound
+-- After the heartbeat reconnects: did the database go back in time under this worker?
+-- %(workflow_ids)s / %(function_ids)s: the last step this worker checkpointed for each
+-- workflow it executed lately; a pair missing from the journal was lost (a promoted replica
+-- that lagged). %(running)s: the workflows it executes now. Those lost, and the PENDING ones
+-- under this worker that it does not execute (their end was lost, or the claim outlived its
+-- execution), go back on their queue, as a takeover puts a dead worker's runs: the next
+-- execution resumes them from the journal the database holds. Only workflows whose
+-- execution the fence knows (%(names)s) and claimed more than %(grace_ms)s ago (an execution
+-- claimed a moment ago may not be known yet). Direct write for the reason given at
+-- executor_heartbeat.
+WITH held AS (
+  SELECT h.workflow_uuid, h.function_id
+  FROM unnest(%(workflow_ids)s::text[], %(function_ids)s::int[]) AS h(workflow_uuid, function_id)
+),
+lost AS (
+  SELECT h.workflow_uuid FROM held h
+  WHERE NOT EXISTS (
+    SELECT 1 FROM dbos.operation_outputs o
+    WHERE o.workflow_uuid = h.workflow_uuid AND o.function_id = h.function_id)
+),
+idle AS (
+  SELECT w.workflow_uuid FROM dbos.workflow_status w
+  WHERE w.executor_id = %(id)s AND w.status = 'PENDING'
+    AND w.name = ANY(%(names)s::text[])
+    AND w.workflow_uuid <> ALL(%(running)s::text[])
+    AND coalesce(w.started_at_epoch_ms, 0)
+        < (extract(epoch FROM now()) * 1000)::bigint - %(grace_ms)s
+),
+moved AS (
+  UPDATE dbos.workflow_status w
+  SET status = 'ENQUEUED',
+      owner_xid = NULL,
+      started_at_epoch_ms = NULL,
+      queue_name = coalesce(w.queue_name, '_dbos_internal_queue'),
+      updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+  WHERE w.status = 'PENDING' AND w.executor_id = %(id)s
+    AND w.workflow_uuid IN (SELECT workflow_uuid FROM lost UNION SELECT workflow_uuid FROM idle)
+  RETURNING w.workflow_uuid
+)
+SELECT coalesce((SELECT array_agg(workflow_uuid) FROM lost), '{}') AS lost,
+       coalesce((SELECT array_agg(workflow_uuid) FROM moved), '{}') AS moved
