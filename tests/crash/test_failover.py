@@ -28,6 +28,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from ledgerloop.db.migrate import upgrade
+from ledgerloop.db.url import validate_url
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import TERMINAL, RunStatus
 from ledgerloop.testing.postgres import wait_until
@@ -68,7 +69,7 @@ def _database(pair: ReplicatedPair) -> str:
     with psycopg.connect(pair.primary.url, autocommit=True) as admin:
         admin.execute("CREATE DATABASE ledgerloop")
     url = pair.multi_host_url("ledgerloop")
-    upgrade(url)
+    upgrade(validate_url(url))  # as `ledgerloop db upgrade` does
     pair.wait_caught_up()
     return url
 
@@ -118,14 +119,17 @@ def _figures(url: str, run_ids: list[uuid.UUID], promoted_wall: float) -> tuple[
             "WHERE id = ANY(%s)",
             ([str(r) for r in run_ids],),
         ).fetchone()
-    assert first is not None and first["ms"] is not None, "no step recorded after the promotion"
+    assert first is not None
+    assert first["ms"] is not None, "no step recorded after the promotion"
     assert last is not None
     return first["ms"] / 1000 - promoted_wall, float(last["at"]) - promoted_wall
 
 
 def _effects(url: str) -> dict[str, str]:
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        rows = conn.execute("SELECT idempotency_key, status FROM ledgerloop.effect").fetchall()
+        rows = conn.execute(
+            "SELECT idempotency_key, status FROM ledgerloop.activity_effect"
+        ).fetchall()
     return {r["idempotency_key"]: r["status"] for r in rows}
 
 
@@ -158,7 +162,9 @@ def _under_load(
                 for i in range(RUNS)
             ]
         # Mid-flight: some tickets delivered, none of the runs ended yet.
-        wait_until(lambda: len(tickets.app.state.store.all()) >= RUNS // 6, timeout=60, interval=0.01)
+        wait_until(
+            lambda: len(tickets.app.state.store.all()) >= RUNS // 6, timeout=60, interval=0.01
+        )
         if lose_commits:
             pair.cut_replication()
             time.sleep(0.6)  # the primary commits on; the standby never sees it

@@ -458,6 +458,7 @@ class Heartbeat:
                     "running": running,
                     "names": list(FENCED_WORKFLOWS),
                     "grace_ms": CLAIM_GRACE_MS,
+                    "timeline": after,
                 },
             ).fetchone()
         lost = list(row["lost"]) if row else []

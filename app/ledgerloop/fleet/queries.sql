@@ -355,6 +355,18 @@ moved AS (
   WHERE w.status = 'PENDING' AND w.executor_id = %(id)s
     AND w.workflow_uuid IN (SELECT workflow_uuid FROM lost UNION SELECT workflow_uuid FROM idle)
   RETURNING w.workflow_uuid
+),
+-- The runs among them (a run's workflow id is its id): a write they record from now on may
+-- have been delivered under the record the database lost, so it is found again by its key
+-- before any send (migration 0027).
+marked AS (
+  INSERT INTO ledgerloop.run_rewound (run_id, timeline)
+  SELECT DISTINCT u.id::uuid, %(timeline)s::int
+  FROM (SELECT workflow_uuid AS id FROM lost UNION SELECT workflow_uuid FROM moved) u
+  WHERE u.id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+  ON CONFLICT (run_id) DO NOTHING
+  RETURNING run_id
 )
 SELECT coalesce((SELECT array_agg(workflow_uuid) FROM lost), '{}') AS lost,
-       coalesce((SELECT array_agg(workflow_uuid) FROM moved), '{}') AS moved
+       coalesce((SELECT array_agg(workflow_uuid) FROM moved), '{}') AS moved,
+       (SELECT count(*) FROM marked) AS marked
