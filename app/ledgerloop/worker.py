@@ -223,6 +223,7 @@ async def run_worker(
     # After a failed heartbeat no checkpoint is written until the rewind check has run
     # (fleet.heartbeat); bounded, so a worker cut off for good fails its writes as before.
     dbos_checkpoint.gate_writes(lambda: fence.wait_valid(timings.stale_after_s))
+    dbos_checkpoint.forget_all()
     heartbeat.on_rewind = _forget_rewound
     dispatcher: Dispatcher | None = None
     launched = False

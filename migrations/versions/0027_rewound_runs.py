@@ -15,6 +15,10 @@ destination offers (a lookup, a resend with the key, a person), as it does for a
 died mid-call; the worker that recorded it does not send it (agent/effect_record.py,
 agent/write_ahead.py), its step waits for the ledger's message instead.
 
+Each worker also publishes, every few seconds, the workflows it executes (`executor.executing`,
+as of `executing_at`), so `ledgerloop runs stuck` can list a run whose workflow is PENDING
+under a live worker that no longer executes it (its end was lost, say).
+
 Revision ID: 0027
 Revises: 0025
 """
@@ -31,6 +35,10 @@ depends_on = None
 def upgrade() -> None:
     op.execute(
         """
+        ALTER TABLE ledgerloop.executor
+          ADD COLUMN executing text[],
+          ADD COLUMN executing_at timestamptz;
+
         CREATE TABLE ledgerloop.run_rewound (
           run_id uuid PRIMARY KEY,
           noticed_at timestamptz NOT NULL DEFAULT now(),
@@ -88,5 +96,6 @@ def downgrade() -> None:
         DROP FUNCTION ledgerloop.outbox_born_rewound();
         DROP FUNCTION ledgerloop.effect_born_rewound();
         DROP TABLE ledgerloop.run_rewound;
+        ALTER TABLE ledgerloop.executor DROP COLUMN executing, DROP COLUMN executing_at;
         """
     )

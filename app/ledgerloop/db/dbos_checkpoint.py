@@ -131,6 +131,13 @@ def written(max_age_s: float) -> dict[str, int]:
         return {k: fid for k, (fid, _) in _written.items()}
 
 
+def forget_all() -> None:
+    """Forget every checkpoint remembered (a worker starting in this process: what an earlier
+    one wrote, perhaps in another database, is not its own)."""
+    with _lock:
+        _written.clear()
+
+
 def forget(workflow_ids: Iterable[str]) -> None:
     """Drop what this process remembers writing for `workflow_ids` (they went back in time
     and are resumed from the journal the database holds)."""

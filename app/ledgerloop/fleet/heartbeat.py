@@ -70,6 +70,9 @@ REMEMBER_S = 600.0
 #: A workflow claimed this recently may not be known to the fence yet: not judged idle.
 CLAIM_GRACE_MS = 2000
 
+#: How often a worker publishes the workflows it executes (`ledgerloop runs stuck`).
+PUBLISH_EVERY_S = 2.0
+
 #: The workflows whose executions the fence knows (agent.loop, agent.episodes).
 FENCED_WORKFLOWS = ("ledgerloop_run", "ledgerloop_episode")
 
@@ -424,6 +427,13 @@ class Heartbeat:
             )
             if self.on_takeover:
                 self.on_takeover(takeover)
+        # What this worker executes, for `ledgerloop runs stuck`: every PUBLISH_EVERY_S.
+        if self._ticks % max(1, int(PUBLISH_EVERY_S / self.timings.heartbeat_s)) == 0:
+            with self._bounded(conn):
+                conn.execute(
+                    Q["executor_executing"],
+                    {"id": self.executor_id, "running": list(self.fence.running)},
+                )
         # Orphans (PENDING under a worker with no row) are rare; look every 30 s.
         if self._ticks % max(1, int(30 / self.timings.heartbeat_s)) == 0:
             with self._bounded(conn):
@@ -472,16 +482,23 @@ class Heartbeat:
             dbos_checkpoint.forget(lost)
         if lost or moved:
             executing = sum(1 for w in set(lost) | set(moved) if w in self.fence.running)
-            log.warning(
-                "the database went back in time (timeline %s -> %s): %d workflows lost their "
-                "last recorded step, %d went back on the queue (%d executing here stop at "
-                "their next step) to resume from the journal the database holds",
-                before,
-                after,
-                len(lost),
-                len(moved),
-                executing,
-            )
+            if lost:
+                log.warning(
+                    "the database went back in time (timeline %s -> %s): %d workflows lost "
+                    "their last recorded step; %d went back on the queue (%d executing here "
+                    "stop at their next step) to resume from the journal the database holds",
+                    before,
+                    after,
+                    len(lost),
+                    len(moved),
+                    executing,
+                )
+            else:
+                log.warning(
+                    "%d workflows were PENDING under this worker, which no longer executes "
+                    "them (their end was lost?); they went back on the queue",
+                    len(moved),
+                )
             if self.on_rewind:
                 self.on_rewind(rewind)
         elif changed:

@@ -218,7 +218,10 @@ SELECT r.id AS run_id, r.tenant_id, r.agent, r.status AS run_status, r.updated_a
               AND w.status NOT IN ('PENDING', 'ENQUEUED', 'DELAYED')
            THEN 'run ' || r.status || ', workflow ' || w.status
          WHEN w.status = 'PENDING' AND e.id IS NULL THEN 'pending, its worker is gone'
-         WHEN w.status = 'PENDING' THEN 'pending, its worker is silent'
+         WHEN w.status = 'PENDING'
+              AND e.heartbeat_at < now() - make_interval(secs => %(stale_s)s)
+           THEN 'pending, its worker is silent'
+         WHEN w.status = 'PENDING' THEN 'pending, its live worker does not execute it'
          ELSE 'enqueued, no live worker runs version ' || w.application_version
        END AS problem
 FROM ledgerloop.agent_run r
@@ -233,6 +236,13 @@ WHERE w.workflow_uuid IS NULL
        AND r.updated_at < now() - make_interval(secs => %(stale_s)s))
    OR (w.status = 'PENDING'
        AND (e.id IS NULL OR e.heartbeat_at < now() - make_interval(secs => %(stale_s)s)))
+   -- Under a live worker whose published list (fleet/heartbeat.py, refreshed every few
+   -- seconds) does not name it, though it was claimed well before that list was written.
+   OR (w.status = 'PENDING' AND e.executing_at IS NOT NULL
+       AND w.name IN ('ledgerloop_run', 'ledgerloop_episode')
+       AND w.workflow_uuid <> ALL(e.executing)
+       AND coalesce(w.started_at_epoch_ms, 0)
+           < (extract(epoch FROM e.executing_at) * 1000)::bigint - 2000)
    OR (w.status = 'ENQUEUED' AND w.application_version IS NOT NULL
        AND NOT EXISTS (
          SELECT 1 FROM ledgerloop.executor l
@@ -331,8 +341,11 @@ WITH held AS (
   SELECT h.workflow_uuid, h.function_id
   FROM unnest(%(workflow_ids)s::text[], %(function_ids)s::int[]) AS h(workflow_uuid, function_id)
 ),
+-- A workflow the database no longer has at all (purged since, or its start was lost too)
+-- has nothing to resume.
 lost AS (
   SELECT h.workflow_uuid FROM held h
+  JOIN dbos.workflow_status w ON w.workflow_uuid = h.workflow_uuid
   WHERE NOT EXISTS (
     SELECT 1 FROM dbos.operation_outputs o
     WHERE o.workflow_uuid = h.workflow_uuid AND o.function_id = h.function_id)
@@ -370,3 +383,10 @@ marked AS (
 SELECT coalesce((SELECT array_agg(workflow_uuid) FROM lost), '{}') AS lost,
        coalesce((SELECT array_agg(workflow_uuid) FROM moved), '{}') AS moved,
        (SELECT count(*) FROM marked) AS marked
+
+-- name: executor_executing
+-- What this worker executes, as of now (`ledgerloop runs stuck` compares the PENDING
+-- workflows under it with this list).
+UPDATE ledgerloop.executor
+SET executing = %(running)s::text[], executing_at = now()
+WHERE id = %(id)s
