@@ -121,6 +121,27 @@ def _wrote(workflow_id: str, function_id: int) -> None:
             _written[workflow_id] = (function_id, time.monotonic())
 
 
+#: effect key -> (the workflow whose step recorded it, time.monotonic()): writes this process
+#: recorded outside a checkpoint (an act step's own record), for the same check.
+_effects: dict[str, tuple[str, float]] = {}
+
+
+def wrote_effect(workflow_id: str, key: str) -> None:
+    """A step of `workflow_id` committed the record of the write under `key` by itself (not
+    with a checkpoint): the rewind check asks for it too."""
+    with _lock:
+        _effects[key] = (workflow_id, time.monotonic())
+
+
+def effects_written(max_age_s: float) -> dict[str, str]:
+    """Effect key -> workflow id, for the writes recorded within `max_age_s`."""
+    horizon = time.monotonic() - max_age_s
+    with _lock:
+        for key in [k for k, (_, at) in _effects.items() if at < horizon]:
+            del _effects[key]
+        return {k: wid for k, (wid, _) in _effects.items()}
+
+
 def written(max_age_s: float) -> dict[str, int]:
     """The last operation this process checkpointed, per workflow, for the workflows it
     checkpointed within `max_age_s` (older ones are forgotten)."""
@@ -136,14 +157,18 @@ def forget_all() -> None:
     one wrote, perhaps in another database, is not its own)."""
     with _lock:
         _written.clear()
+        _effects.clear()
 
 
 def forget(workflow_ids: Iterable[str]) -> None:
     """Drop what this process remembers writing for `workflow_ids` (they went back in time
     and are resumed from the journal the database holds)."""
+    gone = set(workflow_ids)
     with _lock:
-        for workflow_id in workflow_ids:
+        for workflow_id in gone:
             _written.pop(workflow_id, None)
+        for key in [k for k, (wid, _) in _effects.items() if wid in gone]:
+            del _effects[key]
 
 
 def ride(workflow_id: str, function_id: int, rider: Rider) -> None:

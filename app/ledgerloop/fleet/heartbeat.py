@@ -457,6 +457,7 @@ class Heartbeat:
         after = self._read_timeline(conn)
         self._timeline = after if after is not None else before
         held = dbos_checkpoint.written(REMEMBER_S)
+        effects = dbos_checkpoint.effects_written(REMEMBER_S)
         running = list(self.fence.running)
         with self._bounded(conn):
             row = conn.execute(
@@ -465,6 +466,8 @@ class Heartbeat:
                     "id": self.executor_id,
                     "workflow_ids": list(held),
                     "function_ids": list(held.values()),
+                    "effect_keys": list(effects),
+                    "effect_workflows": list(effects.values()),
                     "running": running,
                     "names": list(FENCED_WORKFLOWS),
                     "grace_ms": CLAIM_GRACE_MS,

@@ -350,6 +350,15 @@ lost AS (
     SELECT 1 FROM dbos.operation_outputs o
     WHERE o.workflow_uuid = h.workflow_uuid AND o.function_id = h.function_id)
 ),
+-- The same for a write a step recorded by itself (%(effect_keys)s, of %(effect_workflows)s):
+-- its record gone, the step after it must not go on as if it were there.
+lost_effects AS (
+  SELECT f.workflow_uuid
+  FROM unnest(%(effect_keys)s::text[], %(effect_workflows)s::text[]) AS f(key, workflow_uuid)
+  JOIN dbos.workflow_status w ON w.workflow_uuid = f.workflow_uuid
+  WHERE NOT EXISTS (
+    SELECT 1 FROM ledgerloop.activity_effect e WHERE e.idempotency_key = f.key)
+),
 idle AS (
   SELECT w.workflow_uuid FROM dbos.workflow_status w
   WHERE w.executor_id = %(id)s AND w.status = 'PENDING'
@@ -366,7 +375,8 @@ moved AS (
       queue_name = coalesce(w.queue_name, '_dbos_internal_queue'),
       updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
   WHERE w.status = 'PENDING' AND w.executor_id = %(id)s
-    AND w.workflow_uuid IN (SELECT workflow_uuid FROM lost UNION SELECT workflow_uuid FROM idle)
+    AND w.workflow_uuid IN (SELECT workflow_uuid FROM lost UNION SELECT workflow_uuid FROM idle
+                            UNION SELECT workflow_uuid FROM lost_effects)
   RETURNING w.workflow_uuid
 ),
 -- The runs among them (a run's workflow id is its id): a write they record from now on may
@@ -375,12 +385,15 @@ moved AS (
 marked AS (
   INSERT INTO ledgerloop.run_rewound (run_id, timeline)
   SELECT DISTINCT u.id::uuid, %(timeline)s::int
-  FROM (SELECT workflow_uuid AS id FROM lost UNION SELECT workflow_uuid FROM moved) u
+  FROM (SELECT workflow_uuid AS id FROM lost UNION SELECT workflow_uuid FROM lost_effects
+        UNION SELECT workflow_uuid FROM moved) u
   WHERE u.id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
   ON CONFLICT (run_id) DO NOTHING
   RETURNING run_id
 )
-SELECT coalesce((SELECT array_agg(workflow_uuid) FROM lost), '{}') AS lost,
+SELECT coalesce((SELECT array_agg(DISTINCT workflow_uuid)
+                 FROM (SELECT workflow_uuid FROM lost
+                       UNION SELECT workflow_uuid FROM lost_effects) l), '{}') AS lost,
        coalesce((SELECT array_agg(workflow_uuid) FROM moved), '{}') AS moved,
        (SELECT count(*) FROM marked) AS marked
 
