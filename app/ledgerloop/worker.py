@@ -20,13 +20,14 @@ from ledgerloop.agent import dbos_step_start
 from ledgerloop.agent.definition import Agent, agents, agents_from, load_agent_modules
 from ledgerloop.config import Settings
 from ledgerloop.db import dbos_checkpoint, dbos_journal, pooling
-from ledgerloop.db.connect import make_pool
+from ledgerloop.db.connect import guard_borrows, make_pool
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.db.url import validate_url
 from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.dispatch import Dispatcher
 from ledgerloop.fleet.fence import Fence
+from ledgerloop.fleet.guard import borrow_guard
 from ledgerloop.fleet.heartbeat import FleetTimings, Heartbeat, Rewind
 from ledgerloop.mcptools.client import close_connections
 from ledgerloop.models.client import make_model_client
@@ -224,6 +225,7 @@ async def run_worker(
     # (fleet.heartbeat); bounded, so a worker cut off for good fails its writes as before.
     dbos_checkpoint.gate_writes(lambda: fence.wait_valid(timings.stale_after_s))
     dbos_checkpoint.forget_all()
+    guard_borrows(borrow_guard(fence, timings.stale_after_s))
     heartbeat.on_rewind = _forget_rewound
     dispatcher: Dispatcher | None = None
     launched = False
@@ -299,6 +301,7 @@ async def run_worker(
         await runtime.model.close()
         runtime.pool.close()
         dbos_checkpoint.gate_writes(None)
+        guard_borrows(None)
         install(None)
     if failures:
         raise failures[0]

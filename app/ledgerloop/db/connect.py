@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,13 +35,33 @@ def connect(url: str, *, autocommit: bool = False, application_name: str = "ledg
         )
 
 
+#: Called before a connection of a `make_pool` pool is lent (see `guard_borrows`).
+_borrow_guard: Callable[[], object] | None = None
+
+
+def guard_borrows(guard: Callable[[], object] | None) -> None:
+    """Call `guard` before this process's pools lend a connection (None: no guard). It may
+    block (bounded) or raise to refuse: the worker's fence refuses the statements of an
+    execution whose run a failover sent back to the journal (fleet.heartbeat)."""
+    global _borrow_guard
+    _borrow_guard = guard
+
+
+class GuardedPool(ConnectionPool[Conn]):
+    def getconn(self, timeout: float | None = None) -> Conn:
+        guard = _borrow_guard
+        if guard is not None:
+            guard()
+        return super().getconn(timeout)
+
+
 def make_pool(
     url: str, *, min_size: int = 1, max_size: int = 10, name: str = "ledgerloop"
 ) -> ConnectionPool[Conn]:
     """A pool that opens lazily-checked connections with dict rows, named `name` in
     pg_stat_activity (its application_name)."""
     url = validate_url(url)
-    pool: ConnectionPool[Conn] = ConnectionPool(
+    pool: ConnectionPool[Conn] = GuardedPool(
         url,
         min_size=min_size,
         max_size=max_size,

@@ -46,6 +46,11 @@ class Fence:
         #: The same executions by workflow id (the rewind check compares them with the
         #: workflows the database says this worker executes).
         self.running: dict[str, asyncio.Task[Any]] = {}
+        #: Their ownership tokens, by workflow id.
+        self.owners: dict[str, str] = {}
+        #: Tokens of executions whose run a failover sent back to the journal: their
+        #: statements are refused (`refuse_stale`), even those of a step body under way.
+        self.stale: set[str] = set()
         #: Bumped at each takeover of this worker; executions verified since, by owner token.
         self.generation = 0
         self._verified: set[str] = set()
@@ -130,6 +135,8 @@ class Fence:
 
     def wait_valid(self, timeout_s: float, poll_s: float = 0.05) -> bool:
         """Block until the lease holds, at most `timeout_s`; whether it does."""
+        if self._clock() < self._lease_until:
+            return True
         deadline = self._clock() + timeout_s
         with self._cond:
             # The lease alone: a stopping worker (closed) still records the steps under way.

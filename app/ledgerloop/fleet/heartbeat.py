@@ -481,6 +481,8 @@ class Heartbeat:
         if lost or moved or changed:
             # Every execution here checks its ownership before its next step: those put
             # back, and those whose claim the database lost, stop there.
+            back = set(lost) | set(moved)
+            self.fence.stale.update(o for w, o in list(self.fence.owners.items()) if w in back)
             self.fence.revoke()
             dbos_checkpoint.forget(lost)
         if lost or moved:
