@@ -20,7 +20,7 @@ from ledgerloop.agent import dbos_step_start
 from ledgerloop.agent.definition import Agent, agents, agents_from, load_agent_modules
 from ledgerloop.config import Settings
 from ledgerloop.db import dbos_checkpoint, dbos_journal, pooling
-from ledgerloop.db.connect import guard_borrows, make_pool
+from ledgerloop.db.connect import guard_borrows, make_pool, watch_connections
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.db.url import validate_url
 from ledgerloop.errors import ConfigError, LedgerloopError
@@ -227,6 +227,7 @@ async def run_worker(
     dbos_checkpoint.forget_all()
     guard_borrows(borrow_guard(fence, timings.stale_after_s))
     heartbeat.on_rewind = _forget_rewound
+    watch_connections(heartbeat.observe)
     dispatcher: Dispatcher | None = None
     launched = False
     say_route(settings, url)
@@ -302,6 +303,7 @@ async def run_worker(
         runtime.pool.close()
         dbos_checkpoint.gate_writes(None)
         guard_borrows(None)
+        watch_connections(None)
         install(None)
     if failures:
         raise failures[0]

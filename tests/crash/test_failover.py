@@ -133,6 +133,35 @@ def _effects(url: str) -> dict[str, str]:
     return {r["idempotency_key"]: r["status"] for r in rows}
 
 
+def _story(url: str, keys: dict[str, str | None]) -> str:
+    """What the new primary holds of the runs of `keys` (a failure's message)."""
+    lines = []
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        for key, status in keys.items():
+            run_id = key.split(":")[0]
+            run = conn.execute(
+                "SELECT status FROM ledgerloop.agent_run WHERE id = %s", (run_id,)
+            ).fetchone()
+            steps = conn.execute(
+                "SELECT function_id, function_name FROM dbos.operation_outputs "
+                "WHERE workflow_uuid = %s ORDER BY function_id",
+                (run_id,),
+            ).fetchall()
+            effects = conn.execute(
+                "SELECT idempotency_key, status FROM ledgerloop.activity_effect WHERE run_id = %s",
+                (run_id,),
+            ).fetchall()
+            rewound = conn.execute(
+                "SELECT 1 FROM ledgerloop.run_rewound WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            lines.append(
+                f"{key}: effect {status}; run {run and run['status']}; rewound {bool(rewound)}; "
+                f"steps {[(r['function_id'], r['function_name']) for r in steps]}; "
+                f"effects {[(r['idempotency_key'], r['status']) for r in effects]}"
+            )
+    return "\n".join(lines)
+
+
 def _turns_asked(model: Any) -> Counter[tuple[str, int]]:
     """How often each (conversation's first user message, turn) was asked."""
     asked: Counter[tuple[str, int]] = Counter()
@@ -221,4 +250,4 @@ def test_an_asynchronous_failover_that_loses_commits_is_followed(
         assert [k for k, n in created.items() if n > 1] == []
         effects = _effects(url)
         missing = {k: effects.get(k) for k in created if effects.get(k) != "succeeded"}
-        assert missing == {}, f"tickets without a succeeded ledger row: {missing}"
+        assert missing == {}, f"tickets without a succeeded ledger row: {_story(url, missing)}"

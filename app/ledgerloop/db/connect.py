@@ -47,12 +47,40 @@ def guard_borrows(guard: Callable[[], object] | None) -> None:
     _borrow_guard = guard
 
 
+#: Called with each new connection a `make_pool` pool opens (see `watch_connections`).
+_connect_hook: Callable[[Conn], object] | None = None
+
+
+def watch_connections(hook: Callable[[Conn], object] | None) -> None:
+    """Call `hook` with each connection this process's pools open, before it is lent (None:
+    no hook). It must leave the connection idle and not raise: the worker reads the server's
+    timeline there, so a failover is noticed by the first statement sent after it."""
+    global _connect_hook
+    _connect_hook = hook
+
+
+def _configure(conn: Conn) -> None:
+    hook = _connect_hook
+    if hook is not None:
+        hook(conn)
+
+
 class GuardedPool(ConnectionPool[Conn]):
+    """A pool whose loans pass `guard_borrows`'s guard, before and after the connection is
+    taken (taking it may open a new one, whose hook may have closed the fence)."""
+
     def getconn(self, timeout: float | None = None) -> Conn:
         guard = _borrow_guard
-        if guard is not None:
+        if guard is None:
+            return super().getconn(timeout)
+        guard()
+        conn = super().getconn(timeout)
+        try:
             guard()
-        return super().getconn(timeout)
+        except BaseException:
+            self.putconn(conn)
+            raise
+        return conn
 
 
 def make_pool(
@@ -67,6 +95,7 @@ def make_pool(
         max_size=max_size,
         name=name,
         kwargs={"row_factory": dict_row, "application_name": name, **connect_kwargs(url)},
+        configure=_configure,
         open=False,
     )
     with translated(url, "connecting"):

@@ -449,6 +449,30 @@ class Heartbeat:
                 )
         return takeovers
 
+    def observe(self, conn: Conn) -> None:
+        """A new connection of this worker's pools: when it reaches another timeline than the
+        heartbeat's (a promoted standby), close the fence now, before the heartbeat's own
+        connection fails, and have the next tick run the rewind check. Never raises; leaves
+        `conn` idle."""
+        known = self._timeline
+        if known is None:
+            return
+        try:
+            with conn.transaction():
+                row = conn.execute(Q["executor_timeline"]).fetchone()
+        except psycopg.Error:
+            return
+        timeline = None if row is None else row["timeline"]
+        if timeline is not None and int(timeline) != known and not self._check_rewind:
+            self.fence.suspend()
+            self._check_rewind = True
+            log.warning(
+                "a connection reached timeline %s (the heartbeat's: %s): the database failed "
+                "over; steps wait for the rewind check",
+                timeline,
+                known,
+            )
+
     def rewind_check(self, conn: Conn) -> Rewind:
         """Did the database go back in time under this worker? Puts back on the queue what it
         lost (see the module's docstring) and revokes the fence when the server changed or
