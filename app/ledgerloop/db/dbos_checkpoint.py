@@ -101,6 +101,10 @@ CHECKPOINT_COLUMNS = frozenset(
 _riders: dict[tuple[str, int], Rider] = {}
 _lock = threading.Lock()
 
+#: How long a checkpoint whose connection failed is retried through the pool before DBOS's
+#: own checkpoint takes over.
+RETRY_OWN_S = 30.0
+
 #: workflow id -> (the last operation this process checkpointed for it, time.monotonic()).
 _written: dict[str, tuple[int, float]] = {}
 #: Called before each checkpoint (blocks while writes must wait; see `gate_writes`).
@@ -270,7 +274,8 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
             "owner_xid": owner,
             "answer_next": rider is not None,
         }
-        try:
+
+        def attempt() -> None:
             with pool.connection() as conn:
                 conn.autocommit = True
                 try:
@@ -288,10 +293,24 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
                     _verdict(row, result, completed_at)
                 finally:
                     conn.autocommit = False
-        except psycopg.OperationalError:
-            # The connection failed: DBOS's own checkpoint, which waits for the database
-            # (db_retry). A row this attempt committed is found there with the same time.
-            original(result, completed_at_epoch_ms=completed_at, owner_xid=owner_xid)
+
+        # The connection failed (a restart, a failover): again through the pool for a while,
+        # rider and all, so that the pool's guard (the worker's fence: after a failover it
+        # waits for the rewind check, and refuses an execution whose run went back to the
+        # journal) sees the retry; a row an earlier attempt committed is found with the same
+        # time. Then DBOS's own checkpoint, which waits for the database (db_retry), alone.
+        deadline = time.monotonic() + RETRY_OWN_S
+        pause = 0.05
+        while True:
+            try:
+                attempt()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() + pause > deadline:
+                    break
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+        original(result, completed_at_epoch_ms=completed_at, owner_xid=owner_xid)
 
     return record
 
