@@ -20,14 +20,15 @@ from ledgerloop.agent import dbos_step_start
 from ledgerloop.agent.definition import Agent, agents, agents_from, load_agent_modules
 from ledgerloop.config import Settings
 from ledgerloop.db import dbos_checkpoint, dbos_journal, pooling
-from ledgerloop.db.connect import make_pool
+from ledgerloop.db.connect import guard_borrows, make_pool, watch_connections
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.db.url import validate_url
 from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.dispatch import Dispatcher
 from ledgerloop.fleet.fence import Fence
-from ledgerloop.fleet.heartbeat import FleetTimings, Heartbeat
+from ledgerloop.fleet.guard import borrow_guard
+from ledgerloop.fleet.heartbeat import FleetTimings, Heartbeat, Rewind
 from ledgerloop.mcptools.client import close_connections
 from ledgerloop.models.client import make_model_client
 from ledgerloop.runtime import Runtime, install
@@ -219,6 +220,14 @@ async def run_worker(
     heartbeat = Heartbeat(
         url, settings.executor_id, settings.application_version, timings, runtime.fence
     )
+    fence = runtime.fence
+    # After a failed heartbeat no checkpoint is written until the rewind check has run
+    # (fleet.heartbeat); bounded, so a worker cut off for good fails its writes as before.
+    dbos_checkpoint.gate_writes(lambda: fence.wait_valid(timings.stale_after_s))
+    dbos_checkpoint.forget_all()
+    guard_borrows(borrow_guard(fence, timings.stale_after_s))
+    heartbeat.on_rewind = _forget_rewound
+    watch_connections(heartbeat.observe)
     dispatcher: Dispatcher | None = None
     launched = False
     say_route(settings, url)
@@ -292,9 +301,22 @@ async def run_worker(
                 log.warning("could not hand runs back (%s); peers will take them over", exc)
         await runtime.model.close()
         runtime.pool.close()
+        dbos_checkpoint.gate_writes(None)
+        guard_borrows(None)
+        watch_connections(None)
         install(None)
     if failures:
         raise failures[0]
+
+
+def _forget_rewound(rewind: Rewind) -> None:
+    """The database lost these runs' recent past: drop the writes this process recorded ahead
+    for them, so their resumed steps record and deliver by the journal the database holds."""
+    from ledgerloop.agent.effect_record import forget_runs
+
+    dropped = forget_runs(set(rewind.lost) | set(rewind.moved))
+    if dropped:
+        log.info("dropped %d writes recorded ahead that the database lost", dropped)
 
 
 def say_route(settings: Settings, url: str) -> None:

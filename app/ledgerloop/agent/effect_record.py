@@ -89,6 +89,14 @@ def not_granted(
     return None
 
 
+def born_rewound(row: dict[str, Any]) -> bool:
+    """Whether an effect row was recorded for a run whose recent past a failover lost
+    (migration 0027): born `started` with its lease run out, for the reconciler to find
+    again by its key, never sent as a new write."""
+    evidence = row.get("evidence")
+    return isinstance(evidence, dict) and "rewound" in evidence
+
+
 #: The write's one statement; its parameters are `claimed_record_params`'s.
 RECORD_CLAIMED = Q["effect_record_claimed"]
 
@@ -144,6 +152,10 @@ async def record_claimed_write(
     if row is None:
         raise RunNotFound(f"no run {run_id}", fix="check the run id")
     if row["idempotency_key"] is not None:
+        if born_rewound(row):
+            # Maybe delivered already, under a record a failover lost: the reconciler finds
+            # it by its key; this worker does not send it.
+            return Effect.from_row(row), None
         return Effect.from_row(row), Claim(row["outbox_id"], row["deadline_in_s"])
 
     def rare() -> tuple[Effect, Claim | None]:
@@ -243,6 +255,16 @@ def hand_over(written: Prerecorded) -> None:
         stale = [k for k, w in _prerecorded.items() if written.at - w.at > _KEEP_S]
         for key in stale:
             del _prerecorded[key]
+
+
+def forget_runs(run_ids: set[str]) -> int:
+    """Drop the writes recorded ahead for `run_ids` (the database lost them with a failover:
+    the step that records the write again hands over a new one). How many were dropped."""
+    with _prerecorded_lock:
+        gone = [k for k, w in _prerecorded.items() if str(w.effect.run_id) in run_ids]
+        for key in gone:
+            del _prerecorded[key]
+    return len(gone)
 
 
 def take_prerecorded(key: str) -> Prerecorded | None:

@@ -44,6 +44,7 @@ from ledgerloop.agent.effect_record import (
     RECORD_CLAIMED,
     Prerecorded,
     Sending,
+    born_rewound,
     claimed_record_params,
     hand_over,
 )
@@ -220,6 +221,10 @@ class _Record:
         if row["idempotency_key"] is None:
             # Nothing written (the run was not there, the key was taken): the next step
             # records, or finds, the write itself and says why.
+            return
+        if born_rewound(row):
+            # Recorded again after a failover lost its first record: the reconciler finds it
+            # by its key; the next step finds the write recorded and waits for its outcome.
             return
         effect = Effect.from_row(row)
         claim = Claim(row["outbox_id"], row["deadline_in_s"])

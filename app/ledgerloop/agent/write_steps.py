@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
+from dbos import DBOS
 from pydantic import BaseModel, ValidationError
 
 from ledgerloop.agent import dbos_waiters
@@ -40,6 +41,7 @@ from ledgerloop.agent.effect_record import (
 from ledgerloop.agent.stepping import db_call
 from ledgerloop.agent.steps import tool_result
 from ledgerloop.approvals.store import approval_get
+from ledgerloop.db import dbos_checkpoint
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.hashing import idempotency_key, request_hash
 from ledgerloop.effects.ledger import (
@@ -377,6 +379,10 @@ async def _record_here(
             # A relay elsewhere delivers: the rows are born pending, for its claim.
             recorded = await db_call(record_pending)
             born_awaited = True
+        if "refused" not in recorded:
+            # Committed by this step itself: the heartbeat's rewind check asks for it after a
+            # failover (fleet.heartbeat).
+            dbos_checkpoint.wrote_effect(DBOS.workflow_id or run_id, key)
         if "refused" in recorded:
             span.record_error("ApprovalMismatch", "the approval does not cover this action")
             return {

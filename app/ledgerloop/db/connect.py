@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,18 +35,67 @@ def connect(url: str, *, autocommit: bool = False, application_name: str = "ledg
         )
 
 
+#: Called before a connection of a `make_pool` pool is lent (see `guard_borrows`).
+_borrow_guard: Callable[[], object] | None = None
+
+
+def guard_borrows(guard: Callable[[], object] | None) -> None:
+    """Call `guard` before this process's pools lend a connection (None: no guard). It may
+    block (bounded) or raise to refuse: the worker's fence refuses the statements of an
+    execution whose run a failover sent back to the journal (fleet.heartbeat)."""
+    global _borrow_guard
+    _borrow_guard = guard
+
+
+#: Called with each new connection a `make_pool` pool opens (see `watch_connections`).
+_connect_hook: Callable[[Conn], object] | None = None
+
+
+def watch_connections(hook: Callable[[Conn], object] | None) -> None:
+    """Call `hook` with each connection this process's pools open, before it is lent (None:
+    no hook). It must leave the connection idle and not raise: the worker reads the server's
+    timeline there, so a failover is noticed by the first statement sent after it."""
+    global _connect_hook
+    _connect_hook = hook
+
+
+def _configure(conn: Conn) -> None:
+    hook = _connect_hook
+    if hook is not None:
+        hook(conn)
+
+
+class GuardedPool(ConnectionPool[Conn]):
+    """A pool whose loans pass `guard_borrows`'s guard, before and after the connection is
+    taken (taking it may open a new one, whose hook may have closed the fence)."""
+
+    def getconn(self, timeout: float | None = None) -> Conn:
+        guard = _borrow_guard
+        if guard is None:
+            return super().getconn(timeout)
+        guard()
+        conn = super().getconn(timeout)
+        try:
+            guard()
+        except BaseException:
+            self.putconn(conn)
+            raise
+        return conn
+
+
 def make_pool(
     url: str, *, min_size: int = 1, max_size: int = 10, name: str = "ledgerloop"
 ) -> ConnectionPool[Conn]:
     """A pool that opens lazily-checked connections with dict rows, named `name` in
     pg_stat_activity (its application_name)."""
     url = validate_url(url)
-    pool: ConnectionPool[Conn] = ConnectionPool(
+    pool: ConnectionPool[Conn] = GuardedPool(
         url,
         min_size=min_size,
         max_size=max_size,
         name=name,
         kwargs={"row_factory": dict_row, "application_name": name, **connect_kwargs(url)},
+        configure=_configure,
         open=False,
     )
     with translated(url, "connecting"):

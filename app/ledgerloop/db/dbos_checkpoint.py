@@ -24,6 +24,12 @@ back), without the rider. The DBOS internal `step-checkpoint` (ledgerloop.dbos_i
 lists what this relies on; its contract test compares the rows both write, and checks that
 an execution that lost its workflow, or a step recorded already with another time, raises
 what DBOS raises and commits nothing.
+
+Each checkpoint this process wrote is remembered (`written`): the last of each workflow, for
+the heartbeat's rewind check after a failover (fleet.heartbeat), which asks whether the
+database still holds it. A gate (`gate_writes`, the worker's fence) holds a checkpoint back
+while a heartbeat has failed and the rewind check has not run yet: a checkpoint written on a
+database that lost the steps before it would leave a hole in the journal.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, LiteralString, Protocol
 
@@ -95,6 +101,79 @@ CHECKPOINT_COLUMNS = frozenset(
 _riders: dict[tuple[str, int], Rider] = {}
 _lock = threading.Lock()
 
+#: How long a checkpoint whose connection failed is retried through the pool before DBOS's
+#: own checkpoint takes over.
+RETRY_OWN_S = 30.0
+
+#: workflow id -> (the last operation this process checkpointed for it, time.monotonic()).
+_written: dict[str, tuple[int, float]] = {}
+#: Called before each checkpoint (blocks while writes must wait; see `gate_writes`).
+_gate: Callable[[], object] | None = None
+
+
+def gate_writes(gate: Callable[[], object] | None) -> None:
+    """Call `gate` before each checkpoint this process writes (None: no gate). It may block
+    (bounded); it should not raise."""
+    global _gate
+    _gate = gate
+
+
+def _wrote(workflow_id: str, function_id: int) -> None:
+    with _lock:
+        before = _written.get(workflow_id)
+        if before is None or before[0] <= function_id:
+            _written[workflow_id] = (function_id, time.monotonic())
+
+
+#: effect key -> (the workflow whose step recorded it, time.monotonic()): writes this process
+#: recorded outside a checkpoint (an act step's own record), for the same check.
+_effects: dict[str, tuple[str, float]] = {}
+
+
+def wrote_effect(workflow_id: str, key: str) -> None:
+    """A step of `workflow_id` committed the record of the write under `key` by itself (not
+    with a checkpoint): the rewind check asks for it too."""
+    with _lock:
+        _effects[key] = (workflow_id, time.monotonic())
+
+
+def effects_written(max_age_s: float) -> dict[str, str]:
+    """Effect key -> workflow id, for the writes recorded within `max_age_s`."""
+    horizon = time.monotonic() - max_age_s
+    with _lock:
+        for key in [k for k, (_, at) in _effects.items() if at < horizon]:
+            del _effects[key]
+        return {k: wid for k, (wid, _) in _effects.items()}
+
+
+def written(max_age_s: float) -> dict[str, int]:
+    """The last operation this process checkpointed, per workflow, for the workflows it
+    checkpointed within `max_age_s` (older ones are forgotten)."""
+    horizon = time.monotonic() - max_age_s
+    with _lock:
+        for key in [k for k, (_, at) in _written.items() if at < horizon]:
+            del _written[key]
+        return {k: fid for k, (fid, _) in _written.items()}
+
+
+def forget_all() -> None:
+    """Forget every checkpoint remembered (a worker starting in this process: what an earlier
+    one wrote, perhaps in another database, is not its own)."""
+    with _lock:
+        _written.clear()
+        _effects.clear()
+
+
+def forget(workflow_ids: Iterable[str]) -> None:
+    """Drop what this process remembers writing for `workflow_ids` (they went back in time
+    and are resumed from the journal the database holds)."""
+    gone = set(workflow_ids)
+    with _lock:
+        for workflow_id in gone:
+            _written.pop(workflow_id, None)
+        for key in [k for k, (wid, _) in _effects.items() if wid in gone]:
+            del _effects[key]
+
 
 def ride(workflow_id: str, function_id: int, rider: Rider) -> None:
     """Commit `rider` with the checkpoint of operation `function_id` of `workflow_id` (the
@@ -148,6 +227,24 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
         owner_key: str | None = None,
     ) -> None:
         workflow_id = result["workflow_uuid"]
+        if _gate is not None:
+            _gate()
+        write(
+            result,
+            completed_at_epoch_ms=completed_at_epoch_ms,
+            owner_xid=owner_xid,
+            owner_key=owner_key,
+        )
+        _wrote(workflow_id, result["function_id"])
+
+    def write(
+        result: dict[str, Any],
+        *,
+        completed_at_epoch_ms: int | None = None,
+        owner_xid: str | None = None,
+        owner_key: str | None = None,
+    ) -> None:
+        workflow_id = result["workflow_uuid"]
         rider = _take(workflow_id, result["function_id"])
         if result["error"] is not None:
             rider = None  # a failed step's error is recorded alone
@@ -177,7 +274,8 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
             "owner_xid": owner,
             "answer_next": rider is not None,
         }
-        try:
+
+        def attempt() -> None:
             with pool.connection() as conn:
                 conn.autocommit = True
                 try:
@@ -195,10 +293,24 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
                     _verdict(row, result, completed_at)
                 finally:
                     conn.autocommit = False
-        except psycopg.OperationalError:
-            # The connection failed: DBOS's own checkpoint, which waits for the database
-            # (db_retry). A row this attempt committed is found there with the same time.
-            original(result, completed_at_epoch_ms=completed_at, owner_xid=owner_xid)
+
+        # The connection failed (a restart, a failover): again through the pool for a while,
+        # rider and all, so that the pool's guard (the worker's fence: after a failover it
+        # waits for the rewind check, and refuses an execution whose run went back to the
+        # journal) sees the retry; a row an earlier attempt committed is found with the same
+        # time. Then DBOS's own checkpoint, which waits for the database (db_retry), alone.
+        deadline = time.monotonic() + RETRY_OWN_S
+        pause = 0.05
+        while True:
+            try:
+                attempt()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() + pause > deadline:
+                    break
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+        original(result, completed_at_epoch_ms=completed_at, owner_xid=owner_xid)
 
     return record
 

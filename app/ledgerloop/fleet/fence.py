@@ -43,6 +43,14 @@ class Fence:
         self.active = 0
         #: The workflow executions running here (a stopping worker ends them between steps).
         self.executions: set[asyncio.Task[Any]] = set()
+        #: The same executions by workflow id (the rewind check compares them with the
+        #: workflows the database says this worker executes).
+        self.running: dict[str, asyncio.Task[Any]] = {}
+        #: Their ownership tokens, by workflow id.
+        self.owners: dict[str, str] = {}
+        #: Tokens of executions whose run a failover sent back to the journal: their
+        #: statements are refused (`refuse_stale`), even those of a step body under way.
+        self.stale: set[str] = set()
         #: Bumped at each takeover of this worker; executions verified since, by owner token.
         self.generation = 0
         self._verified: set[str] = set()
@@ -56,6 +64,14 @@ class Fence:
         lease = self.lease_s if lease_s is None else lease_s
         with self._cond:
             self._lease_until = max(self._lease_until, sent_at + lease)
+            self._cond.notify_all()
+
+    def suspend(self) -> None:
+        """A heartbeat failed: no step body, claim or checkpoint until one lands again (the
+        lease this worker holds may be on a server that is gone, and the one that follows
+        it may have lost what this worker recorded)."""
+        with self._cond:
+            self._lease_until = float("-inf")
             self._cond.notify_all()
 
     def revoke(self) -> None:
@@ -116,6 +132,20 @@ class Fence:
                 if self._released:
                     raise FenceClosed()
                 self._cond.wait(poll_s)
+
+    def wait_valid(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Block until the lease holds, at most `timeout_s`; whether it does."""
+        if self._clock() < self._lease_until:
+            return True
+        deadline = self._clock() + timeout_s
+        with self._cond:
+            # The lease alone: a stopping worker (closed) still records the steps under way.
+            while not self._clock() < self._lease_until:
+                left = deadline - self._clock()
+                if left <= 0 or self._released:
+                    return False
+                self._cond.wait(min(poll_s, left))
+        return True
 
     async def wait_renewed_async(self, poll_s: float = 0.05) -> None:
         while not self.valid():

@@ -123,9 +123,17 @@ def executing() -> Iterator[None]:
         yield
         return
     fence.executions.add(task)
+    workflow_id = DBOS.workflow_id
+    if workflow_id:
+        fence.running[workflow_id] = task
+        owner = dbos_internals.execution_owner()
+        if owner is not None:
+            fence.owners[workflow_id] = owner
     # Until the task is done, not until this block ends: DBOS goes on with the task after the
     # workflow function returns (writing the outcome, or parking the execution).
     task.add_done_callback(fence.executions.discard)
+    if workflow_id:
+        task.add_done_callback(lambda t: _not_running(fence, workflow_id, t))
     try:
         yield
     except BaseException as exc:
@@ -136,3 +144,30 @@ def executing() -> Iterator[None]:
             # that outcome: the task ends at the park's first wait, recording nothing.
             task.cancel()
         raise
+
+
+def _not_running(fence: Fence, workflow_id: str, task: asyncio.Task[Any]) -> None:
+    # A newer execution of the same workflow (claimed again here) keeps its entry.
+    if fence.running.get(workflow_id) is task:
+        del fence.running[workflow_id]
+        owner = fence.owners.pop(workflow_id, None)
+        fence.stale.discard(owner or "")
+
+
+def borrow_guard(fence: Fence, wait_s: float) -> Callable[[], None]:
+    """The check before a step's statement borrows a connection (db.connect.guard_borrows).
+    Outside a workflow execution: nothing. Inside one: while a heartbeat has failed, wait
+    (at most `wait_s`) for the one that lands again and its rewind check; then refuse an
+    execution whose run that check sent back to the journal (its step body was under way
+    when the database went back in time: what it would write rests on a past the database
+    no longer has)."""
+
+    def guard() -> None:
+        owner = dbos_internals.execution_owner()
+        if owner is None:
+            return
+        fence.wait_valid(wait_s)
+        if owner in fence.stale:
+            raise dbos_internals.lost_ownership(DBOS.workflow_id or "")
+
+    return guard

@@ -9,6 +9,17 @@ off: it revokes its fence (ledgerloop.fleet.fence), so no execution of a run it 
 another step, and registers again.
 
 Postgres's clock judges staleness; a worker's clock only times its own lease.
+
+A database that went back in time: after a failover to a replica that lagged, the commits the
+old primary had not shipped are gone, and this worker may hold in memory executions whose
+last steps the database no longer has. A failed heartbeat suspends the fence (no step body,
+claim or checkpoint); the heartbeat that lands again first runs the rewind check
+(queries.sql `executor_rewound`): the last checkpoint of each workflow this worker executed
+lately must still be in the journal. Those that are not, and the PENDING workflows under this
+worker it no longer executes (a run whose end was lost), go back on the queue; the fence is
+revoked, so every execution here checks its ownership before its next step, and those of the
+workflows put back stop there. The next execution resumes each from the journal the database
+now holds, through the fence as after a takeover.
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from ledgerloop.db import pooling
+from ledgerloop.db import dbos_checkpoint, pooling
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
 from ledgerloop.fleet.fence import Fence
@@ -49,6 +60,34 @@ SESSION_MARGIN_S = 0.1
 
 #: An early tick for a peer whose session is gone comes this long after its lease ran out.
 DUE_MARGIN_S = 0.02
+
+#: How long this worker remembers the last checkpoint of a workflow it executed: a failover
+#: that loses more than this much of the recent past is not followed for older runs (their
+#: end, if lost, shows in `ledgerloop runs stuck` and is put back by the rewind check only
+#: while they are PENDING under this worker).
+REMEMBER_S = 600.0
+
+#: A workflow claimed this recently may not be known to the fence yet: not judged idle.
+CLAIM_GRACE_MS = 2000
+
+#: How often a worker publishes the workflows it executes (`ledgerloop runs stuck`).
+PUBLISH_EVERY_S = 2.0
+
+#: The workflows whose executions the fence knows (agent.loop, agent.episodes).
+FENCED_WORKFLOWS = ("ledgerloop_run", "ledgerloop_episode")
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """What the rewind check found after a reconnection."""
+
+    #: Workflows whose last checkpoint by this worker the database no longer holds.
+    lost: list[str]
+    #: Workflows put back on the queue (lost, or PENDING here and not executed here).
+    moved: list[str]
+    #: The server's timeline before and after (None: unknown).
+    timeline_before: int | None
+    timeline_after: int | None
 
 
 def software_version() -> str:
@@ -154,6 +193,12 @@ class Heartbeat:
         self.peers = 1
         #: Called with each takeover this worker made (tests and benchmarks listen here).
         self.on_takeover: Callable[[Takeover], None] | None = None
+        #: After a failed heartbeat: the next connection first runs the rewind check.
+        self._check_rewind = False
+        self._timeline: int | None = None
+        #: Called with what each rewind check that found something found (the worker drops
+        #: its in-memory state for those runs there).
+        self.on_rewind: Callable[[Rewind], None] | None = None
 
     # -- connection ----------------------------------------------------------------------
 
@@ -191,6 +236,16 @@ class Heartbeat:
             self._session_since = row["since"] if row else None
         self._conn, self._locked = conn, False
         return conn
+
+    def _read_timeline(self, conn: Conn) -> int | None:
+        try:
+            with self._bounded(conn), conn.transaction():
+                row = conn.execute(Q["executor_timeline"]).fetchone()
+        except psycopg.errors.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                raise
+            return None
+        return None if row is None or row["timeline"] is None else int(row["timeline"])
 
     def _timeout_ms(self) -> int:
         # A tick never waits long on a lock or a slow statement: the next tick retries.
@@ -239,6 +294,8 @@ class Heartbeat:
         """Insert this worker's row (before DBOS launches, so it can never look dead)."""
         conn = self._connection()
         self._take_lock(conn)
+        if self._timeline is None:
+            self._timeline = self._read_timeline(conn)
         sent = self._clock()
         with self._bounded(conn):
             conn.execute(
@@ -312,6 +369,10 @@ class Heartbeat:
             takeovers = self._tick()
         except psycopg.Error as exc:
             self._drop_connection()
+            # The server this worker's lease came from may be gone, and the one that follows
+            # may not hold what this worker recorded: nothing runs until the check.
+            self.fence.suspend()
+            self._check_rewind = True
             if self._unreachable_since is None:
                 self._unreachable_since = self._clock()
                 log.warning(
@@ -326,6 +387,9 @@ class Heartbeat:
 
     def _tick(self) -> list[Takeover]:
         conn = self._connection()
+        if self._check_rewind:
+            self.rewind_check(conn)
+            self._check_rewind = False
         self._take_lock(conn)
         self._ticks += 1
         lease_s = self.timings.busy_lease_s if self.busy() else self.timings.lease_s
@@ -363,6 +427,13 @@ class Heartbeat:
             )
             if self.on_takeover:
                 self.on_takeover(takeover)
+        # What this worker executes, for `ledgerloop runs stuck`: every PUBLISH_EVERY_S.
+        if self._ticks % max(1, int(PUBLISH_EVERY_S / self.timings.heartbeat_s)) == 0:
+            with self._bounded(conn):
+                conn.execute(
+                    Q["executor_executing"],
+                    {"id": self.executor_id, "running": list(self.fence.running)},
+                )
         # Orphans (PENDING under a worker with no row) are rare; look every 30 s.
         if self._ticks % max(1, int(30 / self.timings.heartbeat_s)) == 0:
             with self._bounded(conn):
@@ -377,6 +448,93 @@ class Heartbeat:
                     ", ".join(sorted({r["executor_id"] for r in swept})),
                 )
         return takeovers
+
+    def observe(self, conn: Conn) -> None:
+        """A new connection of this worker's pools: when it reaches another timeline than the
+        heartbeat's (a promoted standby), close the fence now, before the heartbeat's own
+        connection fails, and have the next tick run the rewind check. Never raises; leaves
+        `conn` idle."""
+        known = self._timeline
+        if known is None:
+            return
+        try:
+            with conn.transaction():
+                row = conn.execute(Q["executor_timeline"]).fetchone()
+        except psycopg.Error:
+            return
+        timeline = None if row is None else row["timeline"]
+        if timeline is not None and int(timeline) != known and not self._check_rewind:
+            self.fence.suspend()
+            self._check_rewind = True
+            log.warning(
+                "a connection reached timeline %s (the heartbeat's: %s): the database failed "
+                "over; steps wait for the rewind check",
+                timeline,
+                known,
+            )
+
+    def rewind_check(self, conn: Conn) -> Rewind:
+        """Did the database go back in time under this worker? Puts back on the queue what it
+        lost (see the module's docstring) and revokes the fence when the server changed or
+        anything was lost."""
+        before = self._timeline
+        after = self._read_timeline(conn)
+        self._timeline = after if after is not None else before
+        held = dbos_checkpoint.written(REMEMBER_S)
+        effects = dbos_checkpoint.effects_written(REMEMBER_S)
+        running = list(self.fence.running)
+        with self._bounded(conn):
+            row = conn.execute(
+                Q["executor_rewound"],
+                {
+                    "id": self.executor_id,
+                    "workflow_ids": list(held),
+                    "function_ids": list(held.values()),
+                    "effect_keys": list(effects),
+                    "effect_workflows": list(effects.values()),
+                    "running": running,
+                    "names": list(FENCED_WORKFLOWS),
+                    "grace_ms": CLAIM_GRACE_MS,
+                    "timeline": after,
+                },
+            ).fetchone()
+        lost = list(row["lost"]) if row else []
+        moved = list(row["moved"]) if row else []
+        rewind = Rewind(lost, moved, before, after)
+        changed = before is not None and after is not None and before != after
+        if lost or moved or changed:
+            # Every execution here checks its ownership before its next step: those put
+            # back, and those whose claim the database lost, stop there.
+            back = set(lost) | set(moved)
+            self.fence.stale.update(o for w, o in list(self.fence.owners.items()) if w in back)
+            self.fence.revoke()
+            dbos_checkpoint.forget(lost)
+        if lost or moved:
+            executing = sum(1 for w in set(lost) | set(moved) if w in self.fence.running)
+            if lost:
+                log.warning(
+                    "the database went back in time (timeline %s -> %s): %d workflows lost "
+                    "their last recorded step; %d went back on the queue (%d executing here "
+                    "stop at their next step) to resume from the journal the database holds",
+                    before,
+                    after,
+                    len(lost),
+                    len(moved),
+                    executing,
+                )
+            else:
+                log.warning(
+                    "%d workflows were PENDING under this worker, which no longer executes "
+                    "them (their end was lost?); they went back on the queue",
+                    len(moved),
+                )
+            if self.on_rewind:
+                self.on_rewind(rewind)
+        elif changed:
+            log.info(
+                "the server's timeline moved %s -> %s; nothing recorded was lost", before, after
+            )
+        return rewind
 
     def _taken_over(self, conn: Conn) -> None:
         # Our row is gone: a peer judged us dead (we were frozen, starved or cut off past

@@ -218,7 +218,10 @@ SELECT r.id AS run_id, r.tenant_id, r.agent, r.status AS run_status, r.updated_a
               AND w.status NOT IN ('PENDING', 'ENQUEUED', 'DELAYED')
            THEN 'run ' || r.status || ', workflow ' || w.status
          WHEN w.status = 'PENDING' AND e.id IS NULL THEN 'pending, its worker is gone'
-         WHEN w.status = 'PENDING' THEN 'pending, its worker is silent'
+         WHEN w.status = 'PENDING'
+              AND e.heartbeat_at < now() - make_interval(secs => %(stale_s)s)
+           THEN 'pending, its worker is silent'
+         WHEN w.status = 'PENDING' THEN 'pending, its live worker does not execute it'
          ELSE 'enqueued, no live worker runs version ' || w.application_version
        END AS problem
 FROM ledgerloop.agent_run r
@@ -233,6 +236,13 @@ WHERE w.workflow_uuid IS NULL
        AND r.updated_at < now() - make_interval(secs => %(stale_s)s))
    OR (w.status = 'PENDING'
        AND (e.id IS NULL OR e.heartbeat_at < now() - make_interval(secs => %(stale_s)s)))
+   -- Under a live worker whose published list (fleet/heartbeat.py, refreshed every few
+   -- seconds) does not name it, though it was claimed well before that list was written.
+   OR (w.status = 'PENDING' AND e.executing_at IS NOT NULL
+       AND w.name IN ('ledgerloop_run', 'ledgerloop_episode')
+       AND w.workflow_uuid <> ALL(e.executing)
+       AND coalesce(w.started_at_epoch_ms, 0)
+           < (extract(epoch FROM e.executing_at) * 1000)::bigint - 2000)
    OR (w.status = 'ENQUEUED' AND w.application_version IS NOT NULL
        AND NOT EXISTS (
          SELECT 1 FROM ledgerloop.executor l
@@ -309,3 +319,87 @@ SELECT c.workflow_uuid, c.status, c.name, c.recovery_attempts, c.config_name, c.
 FROM claimed c
 LEFT JOIN dbos.workflow_input i ON i.workflow_uuid = c.workflow_uuid
 ORDER BY c.priority, c.created_at
+
+-- name: executor_timeline
+-- The server's timeline (a promotion starts a new one): the first 8 hex digits of the name
+-- of the WAL file being written. NULL where that cannot be read (a standby, a pooler that
+-- forbids the function).
+SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int AS timeline
+
+-- name: executor_rewound
+-- After the heartbeat reconnects: did the database go back in time under this worker?
+-- %(workflow_ids)s / %(function_ids)s: the last step this worker checkpointed for each
+-- workflow it executed lately; a pair missing from the journal was lost (a promoted replica
+-- that lagged). %(running)s: the workflows it executes now. Those lost, and the PENDING ones
+-- under this worker that it does not execute (their end was lost, or the claim outlived its
+-- execution), go back on their queue, as a takeover puts a dead worker's runs: the next
+-- execution resumes them from the journal the database holds. Only workflows whose
+-- execution the fence knows (%(names)s) and claimed more than %(grace_ms)s ago (an execution
+-- claimed a moment ago may not be known yet). Direct write for the reason given at
+-- executor_heartbeat.
+WITH held AS (
+  SELECT h.workflow_uuid, h.function_id
+  FROM unnest(%(workflow_ids)s::text[], %(function_ids)s::int[]) AS h(workflow_uuid, function_id)
+),
+-- A workflow the database no longer has at all (purged since, or its start was lost too)
+-- has nothing to resume.
+lost AS (
+  SELECT h.workflow_uuid FROM held h
+  JOIN dbos.workflow_status w ON w.workflow_uuid = h.workflow_uuid
+  WHERE NOT EXISTS (
+    SELECT 1 FROM dbos.operation_outputs o
+    WHERE o.workflow_uuid = h.workflow_uuid AND o.function_id = h.function_id)
+),
+-- The same for a write a step recorded by itself (%(effect_keys)s, of %(effect_workflows)s):
+-- its record gone, the step after it must not go on as if it were there.
+lost_effects AS (
+  SELECT f.workflow_uuid
+  FROM unnest(%(effect_keys)s::text[], %(effect_workflows)s::text[]) AS f(key, workflow_uuid)
+  JOIN dbos.workflow_status w ON w.workflow_uuid = f.workflow_uuid
+  WHERE NOT EXISTS (
+    SELECT 1 FROM ledgerloop.activity_effect e WHERE e.idempotency_key = f.key)
+),
+idle AS (
+  SELECT w.workflow_uuid FROM dbos.workflow_status w
+  WHERE w.executor_id = %(id)s AND w.status = 'PENDING'
+    AND w.name = ANY(%(names)s::text[])
+    AND w.workflow_uuid <> ALL(%(running)s::text[])
+    AND coalesce(w.started_at_epoch_ms, 0)
+        < (extract(epoch FROM now()) * 1000)::bigint - %(grace_ms)s
+),
+moved AS (
+  UPDATE dbos.workflow_status w
+  SET status = 'ENQUEUED',
+      owner_xid = NULL,
+      started_at_epoch_ms = NULL,
+      queue_name = coalesce(w.queue_name, '_dbos_internal_queue'),
+      updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+  WHERE w.status = 'PENDING' AND w.executor_id = %(id)s
+    AND w.workflow_uuid IN (SELECT workflow_uuid FROM lost UNION SELECT workflow_uuid FROM idle
+                            UNION SELECT workflow_uuid FROM lost_effects)
+  RETURNING w.workflow_uuid
+),
+-- The runs among them (a run's workflow id is its id): a write they record from now on may
+-- have been delivered under the record the database lost, so it is found again by its key
+-- before any send (migration 0027).
+marked AS (
+  INSERT INTO ledgerloop.run_rewound (run_id, timeline)
+  SELECT DISTINCT u.id::uuid, %(timeline)s::int
+  FROM (SELECT workflow_uuid AS id FROM lost UNION SELECT workflow_uuid FROM lost_effects
+        UNION SELECT workflow_uuid FROM moved) u
+  WHERE u.id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+  ON CONFLICT (run_id) DO NOTHING
+  RETURNING run_id
+)
+SELECT coalesce((SELECT array_agg(DISTINCT workflow_uuid)
+                 FROM (SELECT workflow_uuid FROM lost
+                       UNION SELECT workflow_uuid FROM lost_effects) l), '{}') AS lost,
+       coalesce((SELECT array_agg(workflow_uuid) FROM moved), '{}') AS moved,
+       (SELECT count(*) FROM marked) AS marked
+
+-- name: executor_executing
+-- What this worker executes, as of now (`ledgerloop runs stuck` compares the PENDING
+-- workflows under it with this list).
+UPDATE ledgerloop.executor
+SET executing = %(running)s::text[], executing_at = now()
+WHERE id = %(id)s
