@@ -20,14 +20,14 @@ as of `executing_at`), so `ledgerloop runs stuck` can list a run whose workflow 
 under a live worker that no longer executes it (its end was lost, say).
 
 Revision ID: 0027
-Revises: 0025
+Revises: 0026
 """
 
 from alembic import op
 
 revision = "0027"
 # The failover branch was built on 0025; 0026 comes from another branch (fixed at merge).
-down_revision = "0025"
+down_revision = "0026"
 branch_labels = None
 depends_on = None
 
