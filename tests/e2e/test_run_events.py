@@ -8,6 +8,7 @@ import json
 import os
 import queue
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -307,7 +308,7 @@ def test_runs_follow_prints_steps_and_exits_with_the_outcome(
     run_transition(conn, run, RunStatus.FAILED, "failed", {"reason": "test"})
     env = {**os.environ, "LEDGERLOOP_TOKEN": token, "LEDGERLOOP_URL": server.url}
     done = subprocess.run(
-        ["ledgerloop", "runs", "follow", str(run.id)],
+        [sys.executable, "-m", "ledgerloop.cli", "runs", "follow", str(run.id)],
         env=env,
         capture_output=True,
         text=True,
@@ -321,7 +322,7 @@ def test_runs_follow_prints_steps_and_exits_with_the_outcome(
         f"run {run.id} finished: failed",
     ]
     missing = subprocess.run(
-        ["ledgerloop", "runs", "follow", str(uuid.uuid4())],
+        [sys.executable, "-m", "ledgerloop.cli", "runs", "follow", str(uuid.uuid4())],
         env=env,
         capture_output=True,
         text=True,
