@@ -25,9 +25,7 @@ PROJECT = Path(__file__).resolve().parents[1] / "user_project"
 def test_user_project_passes_the_crash_matrix_and_catches_a_lying_downstream() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LEDGERLOOP_FAULTS")}
     proc = subprocess.run(
-        # On four processes, as the project's owner may run it (pytest-xdist): each builds a
-        # test Postgres of its own through the plugin.
-        [sys.executable, "-m", "pytest", "-q", "-n", "4"],
+        [sys.executable, "-m", "pytest", "-q"],
         cwd=PROJECT,
         env=env,
         capture_output=True,
