@@ -148,6 +148,10 @@ class LocalCluster:
     def start(self, timeout: float = 30.0) -> None:
         if not self.data_dir.exists():
             self.init()
+        self._pg_ctl("start", timeout)
+
+    def _pg_ctl(self, action: str, timeout: float, *options: str) -> None:
+        """`pg_ctl action`, waiting up to `timeout` for the server; its log on failure."""
         proc = subprocess.run(
             self._cmd(
                 str(self.bin_dir / "pg_ctl"),
@@ -155,17 +159,18 @@ class LocalCluster:
                 str(self.data_dir),
                 "-l",
                 str(self.root / "postgres.log"),
+                *options,
                 "-w",
                 "-t",
                 str(int(timeout)),
-                "start",
+                action,
             ),
             capture_output=True,
             text=True,
         )
         if proc.returncode != 0:
             log = (self.root / "postgres.log").read_text()[-2000:] if self.root.exists() else ""
-            raise ClusterError(f"pg_ctl start failed: {proc.stderr.strip()} {log}")
+            raise ClusterError(f"pg_ctl {action} failed: {proc.stderr.strip()} {log}")
 
     def stop(self, mode: str = "fast") -> None:
         if not (self.data_dir / "postmaster.pid").exists():
@@ -182,26 +187,7 @@ class LocalCluster:
         clients can tell (no shutdown checkpoint; recovery on start); `fast` a clean stop."""
         if mode not in ("smart", "fast", "immediate"):
             raise ValueError(f"restart mode {mode!r}: use 'smart', 'fast' or 'immediate'")
-        proc = subprocess.run(
-            self._cmd(
-                str(self.bin_dir / "pg_ctl"),
-                "-D",
-                str(self.data_dir),
-                "-l",
-                str(self.root / "postgres.log"),
-                "-m",
-                mode,
-                "-w",
-                "-t",
-                str(int(timeout)),
-                "restart",
-            ),
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            log = (self.root / "postgres.log").read_text()[-2000:] if self.root.exists() else ""
-            raise ClusterError(f"pg_ctl restart failed: {proc.stderr.strip()} {log}")
+        self._pg_ctl("restart", timeout, "-m", mode)
 
     def kill(self) -> None:
         """SIGKILL the postmaster, as a crashed host would leave it."""
