@@ -25,7 +25,9 @@ PROJECT = Path(__file__).resolve().parents[1] / "user_project"
 def test_user_project_passes_the_crash_matrix_and_catches_a_lying_downstream() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LEDGERLOOP_FAULTS")}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q"],
+        # Three processes (pytest-xdist) share its cases: each waits mostly on the processes it
+        # kills and restarts. The plugin's summary line must survive the split.
+        [sys.executable, "-m", "pytest", "-q", "-n", "3"],
         cwd=PROJECT,
         env=env,
         capture_output=True,

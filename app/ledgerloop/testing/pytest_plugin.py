@@ -65,6 +65,23 @@ def ledgerloop_postgres(request: pytest.FixtureRequest) -> Iterator[PostgresServ
 _PROVIDER = pytest.StashKey[str]()
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Under pytest-xdist the fixture runs in the workers: each hands its provider to the
+    # controller, which is the process that prints the summary.
+    workeroutput = getattr(session.config, "workeroutput", None)
+    source = session.config.stash.get(_PROVIDER, None)
+    if workeroutput is not None and source is not None:
+        workeroutput["ledgerloop_postgres"] = source
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    # An xdist hook, called in the controller as each worker ends (absent without xdist).
+    source = getattr(node, "workeroutput", {}).get("ledgerloop_postgres")
+    if source is not None:
+        node.config.stash[_PROVIDER] = source
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     # Said at the end, where output capture cannot swallow it: which provider the run used.
     source = config.stash.get(_PROVIDER, None)
