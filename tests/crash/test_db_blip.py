@@ -11,20 +11,15 @@ and the downstream's GETs (one per read call) and POSTs (one per idempotency key
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from ledgerloop.db.cluster import LocalCluster
 from ledgerloop.db.connect import connect
-from ledgerloop.db.migrate import upgrade
-from ledgerloop.db.url import with_database
 from ledgerloop.runs.states import TERMINAL, RunStatus
 from ledgerloop.runs.store import run_require
 from ledgerloop.testing.downstream import RecordingDownstream
@@ -32,6 +27,7 @@ from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.processes import REPO, start_worker, stop_worker, worker_env
 from tests.conftest import start_test_run
 from tests.support.blip_agents import READ_URL_ENV
+from tests.support.clusters import migrated_database
 
 pytestmark = pytest.mark.crash
 
@@ -54,26 +50,6 @@ BLIPS = 10  # at most: the loop stops once every turn was asked
 BLIP_AFTER_S = (0.3, 0.45, 0.6)
 
 
-@pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
-    # Under /tmp, not pytest's private tmp_path: the cluster runs as another system user.
-    with tempfile.TemporaryDirectory(prefix="ledgerloop-blip-") as tmp:
-        cluster = LocalCluster(Path(tmp) / "cluster")
-        cluster.start()
-        try:
-            yield cluster
-        finally:
-            cluster.destroy()
-
-
-def _database(cluster: LocalCluster) -> str:
-    with psycopg.connect(cluster.url, autocommit=True) as admin:
-        admin.execute("CREATE DATABASE ledgerloop")
-    url = with_database(cluster.url, "ledgerloop")
-    upgrade(url)
-    return url
-
-
 def _repeated_model_calls(requests: list[dict[str, Any]]) -> dict[str, int]:
     """Model calls asked more than once: by the run's first message and the turn."""
     asked = Counter(
@@ -86,7 +62,7 @@ def _repeated_model_calls(requests: list[dict[str, Any]]) -> dict[str, int]:
 def test_a_database_blip_repeats_no_model_call_read_or_write(
     cluster: LocalCluster, scripted_model: Any, tmp_path: Path
 ) -> None:
-    url = _database(cluster)
+    url = migrated_database(cluster)
     model = scripted_model(SCRIPT)
     log = tmp_path / "worker.log"
     with RecordingDownstream(honours_keys=False) as downstream:

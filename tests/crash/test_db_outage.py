@@ -7,19 +7,14 @@ import asyncio
 import re
 import signal
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from ledgerloop.db.cluster import LocalCluster
 from ledgerloop.db.connect import connect
-from ledgerloop.db.migrate import upgrade
-from ledgerloop.db.url import with_database
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.runs.states import TERMINAL, RunStatus
 from ledgerloop.runs.store import run_require
@@ -32,6 +27,7 @@ from ledgerloop.testing.processes import (
     worker_env,
 )
 from tests.conftest import start_test_run
+from tests.support.clusters import migrated_database
 
 pytestmark = pytest.mark.crash
 
@@ -50,26 +46,6 @@ default:
     - {tool_use: {name: echo, input: {text: three}}, delay_ms: 700}
     - {text: done, delay_ms: 300}
 """
-
-
-@pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
-    # Under /tmp, not pytest's private tmp_path: the cluster runs as another system user.
-    with tempfile.TemporaryDirectory(prefix="ledgerloop-outage-") as tmp:
-        cluster = LocalCluster(Path(tmp) / "cluster")
-        cluster.start()
-        try:
-            yield cluster
-        finally:
-            cluster.destroy()
-
-
-def _database(cluster: LocalCluster) -> str:
-    with psycopg.connect(cluster.url, autocommit=True) as admin:
-        admin.execute("CREATE DATABASE ledgerloop")
-    url = with_database(cluster.url, "ledgerloop")
-    upgrade(url)
-    return url
 
 
 def _looper_env(url: str, model_url: str, **extra: str) -> dict[str, str]:
@@ -101,7 +77,7 @@ def _log_has(path: Path, text: str) -> bool:
 def test_a_30_second_outage_mid_run_fails_no_run(
     cluster: LocalCluster, scripted_model: Any, tmp_path: Path
 ) -> None:
-    url = _database(cluster)
+    url = migrated_database(cluster)
     model = scripted_model(SCRIPT)
     log = tmp_path / "worker.log"
     worker = start_worker(_looper_env(url, model.url), log=log)
@@ -141,7 +117,7 @@ def test_a_30_second_outage_mid_run_fails_no_run(
 def test_worker_and_relay_started_while_the_database_is_down_come_up_when_it_returns(
     cluster: LocalCluster, scripted_model: Any, tmp_path: Path
 ) -> None:
-    url = _database(cluster)
+    url = migrated_database(cluster)
     model = scripted_model("default: {turns: [{text: done}]}")
     cluster.stop(mode="fast")
     env = _looper_env(url, model.url, LEDGERLOOP_STARTUP_WAIT_S="60")
@@ -177,7 +153,7 @@ def test_relay_and_reconciler_that_start_as_the_database_goes_connect_when_it_re
     from ledgerloop.effects.reconciler import Reconciler
     from ledgerloop.effects.relay import Relay
 
-    url = _database(cluster)
+    url = migrated_database(cluster)
     cluster.stop(mode="fast")
 
     async def scenario() -> None:
@@ -215,7 +191,7 @@ def test_the_http_api_that_starts_as_the_database_goes_serves_when_it_returns(
     from ledgerloop.http.app import create_app
     from ledgerloop.http.server import listen, run_server
 
-    url = _database(cluster)
+    url = migrated_database(cluster)
     cluster.stop(mode="fast")
 
     async def scenario() -> None:
@@ -249,7 +225,7 @@ def test_a_worker_told_to_stop_during_an_outage_exits(
 ) -> None:
     """Its DBOS threads retry their statements until the database returns; the process must
     not wait for them, or a supervisor would never restart it."""
-    url = _database(cluster)
+    url = migrated_database(cluster)
     model = scripted_model(SCRIPT)
     log = tmp_path / "worker.log"
     worker = start_worker(_looper_env(url, model.url, LEDGERLOOP_DRAIN_S="1"), log=log)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -227,18 +226,6 @@ def judges(conn: Conn, stale_after_s: float) -> int:
         (stale_after_s + 0.5,),
     ).fetchone()
     return int(row["n"]) if row else 0
-
-
-@pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
-    # Under /tmp, not pytest's private tmp_path: the cluster runs as another system user.
-    with tempfile.TemporaryDirectory(prefix="ledgerloop-chaos-") as tmp:
-        cluster = LocalCluster(Path(tmp) / "cluster")
-        cluster.start()
-        try:
-            yield cluster
-        finally:
-            cluster.destroy()
 
 
 @pytest.mark.timeout(240)
