@@ -106,11 +106,9 @@ async def measure(runtime: Runtime) -> dict[str, Any]:
         run_ids = [
             str(start_run(conn, agent="ops", input={"message": "bench"})) for _ in range(ROUNDS + 1)
         ]
-        tenant = str(
-            conn.execute("SELECT tenant_id FROM ledgerloop.agent_run LIMIT 1").fetchone()[
-                "tenant_id"
-            ]
-        )  # type: ignore[index]
+        found = conn.execute("SELECT tenant_id FROM ledgerloop.agent_run LIMIT 1").fetchone()
+        assert found is not None
+        tenant = str(found["tenant_id"])
         # Runs exist only to own the steps; keep them out of the worker's queue.
         conn.execute("DELETE FROM dbos.workflow_status WHERE workflow_uuid = ANY(%s)", (run_ids,))
         conn.execute(

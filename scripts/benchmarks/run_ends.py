@@ -60,8 +60,8 @@ class Notified:
     @classmethod
     async def open(cls, url: str) -> Notified:
         conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-        await conn.execute(_TRIGGER)  # type: ignore[arg-type]
-        await conn.execute(f"LISTEN {CHANNEL}")  # type: ignore[arg-type]
+        await conn.execute(_TRIGGER)
+        await conn.execute(f"LISTEN {CHANNEL}")
         return cls(conn)
 
     async def _read(self) -> None:
@@ -87,7 +87,7 @@ class Notified:
             return self._ended.pop(run_id)
         if self._reader.done():
             raise RuntimeError("the bench's listening connection is gone; run the bench again")
-        waiting = asyncio.get_running_loop().create_future()
+        waiting: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiting[run_id] = waiting
         return await waiting
 

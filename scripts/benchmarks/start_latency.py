@@ -48,7 +48,7 @@ async def measure(runtime: Runtime) -> dict[str, Any]:
                 conn.commit()
                 return row
 
-            row = await asyncio.to_thread(wait_until, first_step, 30, 0.002)
+            row: Any = await asyncio.to_thread(wait_until, first_step, 30, 0.002)
             latencies.append(row["started_at_epoch_ms"] - committed_ms)
             await asyncio.sleep(0.05)  # let the run finish; start the next from idle
     return {"p50": statistics.median(latencies), "max": max(latencies)}

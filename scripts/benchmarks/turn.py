@@ -285,7 +285,7 @@ def _langgraph_system(url: str, model_url: str) -> System | None:
 
 
 def _median(costs: list[Cost], field: str) -> float:
-    return statistics.median(getattr(c, field) for c in costs) / RUNS
+    return float(statistics.median(getattr(c, field) for c in costs)) / RUNS
 
 
 @contextmanager

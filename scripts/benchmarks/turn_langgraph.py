@@ -62,7 +62,7 @@ def langgraph_system(
         conn = await AsyncConnection.connect(
             url, autocommit=True, prepare_threshold=0, row_factory=dict_row
         )
-        saver = AsyncPostgresSaver(conn)  # type: ignore[arg-type]
+        saver = AsyncPostgresSaver(conn)  # type: ignore[arg-type,unused-ignore]
         await saver.setup()
         builder = StateGraph(_State)
         builder.add_node("think", think)

@@ -44,6 +44,7 @@ from pydantic import BaseModel
 
 from ledgerloop.agent.definition import Agent, register_agent
 from ledgerloop.db import dbos_journal
+from ledgerloop.effects.delivery import Answered
 from ledgerloop.effects.transport import LeanClient, LeanTransport
 from ledgerloop.runtime import Runtime
 from ledgerloop.services import relay_service
@@ -184,6 +185,7 @@ def main() -> None:
                 async def post() -> None:
                     headers = {"Idempotency-Key": str(uuid.uuid4())}
                     url = f"{tickets_url}/idempotent/tickets"
+                    reply: Answered
                     if BASELINE_CLIENT == "httpx":
                         reply = await client.post(url, json=TICKET, headers=headers)
                     else:
@@ -271,7 +273,7 @@ def main() -> None:
 
 
 def _med(rows: list[Cost], field: str) -> float:
-    return statistics.median(getattr(c, field) for c in rows) / RUNS
+    return float(statistics.median(getattr(c, field) for c in rows)) / RUNS
 
 
 def _report(costs: dict[str, list[Cost]]) -> None:

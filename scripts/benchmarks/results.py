@@ -1,0 +1,172 @@
+"""A benchmark's result as data: what it measures, the command that produced it, its baseline
+and its figures, with the machine they were taken on, written as JSON to
+docs/benchmarks/NAME.json. docs/benchmarks.md is generated from those files
+(scripts/bench --report); the history of every figure is the history of its file in git.
+
+A bench calls `publish(...)` once at the end of its `main()`. Two environment variables:
+
+- LEDGERLOOP_BENCH_SMOKE=1 runs every bench at a tiny size (`size()`), to show it still runs
+  (tests/integration/test_bench_smoke.py), not to measure anything;
+- LEDGERLOOP_BENCH_RESULTS=DIR writes the JSON there instead of docs/benchmarks/. A smoke run
+  must name one: its figures are not figures, and the committed directory only holds real runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = REPO / "docs" / "benchmarks"
+SMOKE_ENV = "LEDGERLOOP_BENCH_SMOKE"
+RESULTS_ENV = "LEDGERLOOP_BENCH_RESULTS"
+KEYS = ("bench", "measures", "command", "baseline", "figures", "machine", "measured", "source")
+
+
+def smoke() -> bool:
+    return os.environ.get(SMOKE_ENV, "") not in ("", "0")
+
+
+def size(env: str, full: str, tiny: str) -> str:
+    """The setting `env` when given, else `tiny` in a smoke run and `full` otherwise."""
+    return os.environ.get(env, tiny if smoke() else full)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure. `value` None means not yet measured; `ratio` is to the baseline,
+    where a ratio means something; `note` holds a target or what a range stands for."""
+
+    name: str
+    value: float | str | None
+    unit: str = ""
+    ratio: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the figures are compared with, measured in the same run (`value` None: the
+    comparison is with a target, or the baseline was not recorded as a number)."""
+
+    what: str
+    value: float | str | None = None
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: int | None
+    postgres: str
+    python: str = ""
+
+    @staticmethod
+    def here(database_url: str | None = None) -> Machine:
+        import platform
+
+        return Machine(os.cpu_count(), postgres_version(database_url), platform.python_version())
+
+
+@dataclass(frozen=True)
+class Result:
+    bench: str
+    measures: str
+    command: str
+    baseline: Baseline
+    figures: tuple[Figure, ...]
+    machine: Machine
+    measured: str  # ISO 8601, UTC; or the date and hours of a transcribed figure
+    source: str = "scripts/bench run"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["figures"] = [asdict(f) for f in self.figures]
+        return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def postgres_version(database_url: str | None) -> str:
+    """`SHOW server_version` of the database the bench used ("" when it has none)."""
+    if not database_url:
+        return ""
+    import psycopg
+
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+    except psycopg.Error:
+        return ""
+    return str(row[0]) if row else ""
+
+
+def results_dir() -> Path:
+    given = os.environ.get(RESULTS_ENV)
+    if given:
+        return Path(given)
+    if smoke():
+        raise RuntimeError(
+            f"a smoke run ({SMOKE_ENV}=1) writes no committed figures: "
+            f"set {RESULTS_ENV}=DIR to say where its JSON goes"
+        )
+    return COMMITTED
+
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def publish(
+    bench: str,
+    *,
+    measures: str,
+    baseline: Baseline,
+    figures: list[Figure],
+    database_url: str | None = None,
+    command: str | None = None,
+) -> Path:
+    """Write this run's result as `bench`'s JSON; returns the file written."""
+    if not _NAME.match(bench):
+        raise ValueError(f"bench name {bench!r}: use lower case letters, digits and _")
+    if not figures:
+        raise ValueError(f"{bench}: publish at least one figure")
+    result = Result(
+        bench=bench,
+        measures=measures,
+        command=command or f"scripts/bench {bench}",
+        baseline=baseline,
+        figures=tuple(figures),
+        machine=Machine.here(database_url),
+        measured=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        source="smoke run (tiny sizes, not a measurement)" if smoke() else "scripts/bench run",
+    )
+    out = results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{bench}.json"
+    path.write_text(result.to_json())
+    print(f"  figures written to {path}")
+    return path
+
+
+def load(path: Path) -> Result:
+    """A result file back as a `Result`; a missing key names the file and the key."""
+    data = json.loads(path.read_text())
+    missing = [k for k in KEYS if k not in data]
+    if missing:
+        raise ValueError(
+            f"{path}: missing {', '.join(missing)} (see scripts/benchmarks/results.py)"
+        )
+    return Result(
+        bench=data["bench"],
+        measures=data["measures"],
+        command=data["command"],
+        baseline=Baseline(**data["baseline"]),
+        figures=tuple(Figure(**f) for f in data["figures"]),
+        machine=Machine(**data["machine"]),
+        measured=data["measured"],
+        source=data["source"],
+        extra=data.get("extra", {}),
+    )

@@ -1,0 +1,46 @@
+"""docs/benchmarks.md is generated from docs/benchmarks/*.json (scripts/benchmarks/report.py):
+it must be exactly what the generator makes of the committed files, so nobody edits it by
+hand, and every committed file must have the keys a bench's `publish` writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scripts.benchmarks import report
+from scripts.benchmarks.results import COMMITTED, KEYS, load
+
+
+def test_page_is_generated_from_the_json() -> None:
+    expected = report.render()
+    actual = report.PAGE.read_text()
+    assert actual == expected, (
+        "docs/benchmarks.md differs from its JSON: run scripts/bench --report"
+    )
+    assert len(actual.splitlines()) < 300
+
+
+def test_every_committed_result_is_well_formed() -> None:
+    paths = sorted(COMMITTED.glob("*.json"))
+    assert paths, "no results in docs/benchmarks/"
+    for path in paths:
+        data = json.loads(path.read_text())
+        assert set(KEYS) <= set(data), path
+        result = load(path)
+        assert result.bench == path.stem
+        assert result.command.startswith(("scripts/bench ", "BENCH_")), result.command
+        assert result.figures, path
+        for figure in result.figures:
+            assert figure.name, path
+            assert figure.value is not None or figure.note, (path, figure)
+
+
+def test_a_changed_figure_changes_the_page(tmp_path: Path) -> None:
+    for path in COMMITTED.glob("*.json"):
+        (tmp_path / path.name).write_text(path.read_text())
+    data = json.loads((tmp_path / "turn.json").read_text())
+    data["figures"][0]["value"] = 123.456
+    (tmp_path / "turn.json").write_text(json.dumps(data))
+    page = report.render(tmp_path)
+    assert page != report.render()
+    assert "123x" in page
