@@ -25,6 +25,7 @@ from ledgerloop.runtime import Runtime
 from ledgerloop.testing.postgres import DatabaseFactory, postgres_server, wait_until
 from ledgerloop.testing.worker import WorkerThread
 from ledgerloop.worker import WorkerOptions
+from scripts.benchmarks import results
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,6 +35,7 @@ def database() -> Iterator[str]:
     with postgres_server() as server:
         factory = DatabaseFactory(server.admin_url)
         url = factory.create()
+        results.used_database(url)
         try:
             yield url
         finally:
@@ -154,6 +156,7 @@ async def timed(fn: Callable[[], Awaitable[Any]]) -> float:
 
 
 def report(title: str, rows: list[tuple[str, float, str]]) -> None:
+    results.reported(title, rows)  # what `results.publish` writes at the end of the run
     print(f"\n{title}")
     for name, value, note in rows:
         print(f"  {name:<52} {value:>9.3f}  {note}")

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -43,11 +42,12 @@ from scripts.benchmarks.common import (
     timed,
     wait_http,
 )
+from scripts.benchmarks.results import Baseline, publish, size
 
-ACTS = 15
-ROUNDS = 8
-THROUGHPUT_N = int(os.environ.get("BENCH_RELAY_N", "3000"))
-LATENCY_N = 40
+ACTS = int(size("BENCH_EFFECTS_ACTS", "15", "2"))
+ROUNDS = int(size("BENCH_EFFECTS_ROUNDS", "8", "1"))
+THROUGHPUT_N = int(size("BENCH_RELAY_N", "3000", "20"))
+LATENCY_N = int(size("BENCH_EFFECTS_LATENCY_N", "40", "3"))
 
 
 def ticket_service() -> tuple[subprocess.Popen[bytes], str]:
@@ -267,6 +267,8 @@ def main() -> None:
             ("commit -> delivered, idle relay, p95 (ms)", relay["p95"], ""),
         ],
     )
+    baseline = Baseline("a bare DBOS step POSTing to the same ticket service", act["bare"], "ms")
+    publish("effects", __doc__, baseline)
 
 
 if __name__ == "__main__":

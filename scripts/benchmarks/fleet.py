@@ -17,6 +17,7 @@ import ledgerloop
 from ledgerloop.db.cluster import LocalCluster
 from ledgerloop.testing.postgres import DatabaseFactory
 from ledgerloop.testing.processes import REPO, worker_env
+from scripts.benchmarks.results import used_database
 
 
 @contextmanager
@@ -35,6 +36,7 @@ def counted_database() -> Iterator[str]:
         try:
             factory = DatabaseFactory(cluster.url)
             url = factory.create()
+            used_database(url)
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             yield url

@@ -10,7 +10,6 @@ of a core. BENCH_IDLE_S sets the window (default 20 s).
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -26,9 +25,10 @@ from scripts.benchmarks.fleet import (
     reset_statements,
     top_statements,
 )
+from scripts.benchmarks.results import Baseline, publish, size
 
-WINDOW_S = float(os.environ.get("BENCH_IDLE_S", "20"))
-WARMUP_S = float(os.environ.get("BENCH_IDLE_WARMUP_S", "65"))
+WINDOW_S = float(size("BENCH_IDLE_S", "20", "1"))
+WARMUP_S = float(size("BENCH_IDLE_WARMUP_S", "65", "0"))
 LOG = Path(tempfile.gettempdir()) / "ledgerloop-bench-idle.log"
 
 
@@ -74,6 +74,7 @@ def main() -> None:
     print("  most frequent statements (calls in the window):")
     for calls, query in top:
         print(f"    {calls:>6}  {query}")
+    publish("idle", __doc__, Baseline("targets: <= 5 statements/s, <= 1% of a core"))
 
 
 if __name__ == "__main__":

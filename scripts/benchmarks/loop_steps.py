@@ -32,9 +32,10 @@ from scripts.benchmarks.common import (
     settings_for,
     timed,
 )
+from scripts.benchmarks.results import Baseline, publish, size
 
-STEPS = 20
-ROUNDS = 12
+STEPS = int(size("BENCH_LOOP_STEPS", "20", "2"))
+ROUNDS = int(size("BENCH_LOOP_ROUNDS", "12", "1"))
 MESSAGES = [{"role": "user", "content": "db-1 disk is full"}]
 CALL = {"id": "toolu_bench", "name": "search_kb", "input": {"query": "disk full"}}
 
@@ -174,6 +175,7 @@ def main() -> None:
             ),
         ],
     )
+    publish("loop_steps", __doc__, Baseline("an empty DBOS step", floor, "ms"))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ BENCH_OUTCOMES_N outcomes (300) per case; medians.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import time
 import uuid
@@ -32,9 +31,10 @@ from ledgerloop.runs.start import start_run
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_ensure_status
 from scripts.benchmarks.common import database, report
+from scripts.benchmarks.results import Baseline, publish, size
 
-N = int(os.environ.get("BENCH_OUTCOMES_N", "300"))
-IN_FLIGHT = [int(n) for n in os.environ.get("BENCH_OUTCOMES_IN_FLIGHT", "5000,20000").split(",")]
+N = int(size("BENCH_OUTCOMES_N", "300", "3"))
+IN_FLIGHT = [int(n) for n in size("BENCH_OUTCOMES_IN_FLIGHT", "5000,20000", "20").split(",")]
 TENANT = uuid.UUID(int=0)
 REQUEST = DeliveryRequest(path="/idempotent/tickets", body={"title": "t"}, honours_idempotency=True)
 
@@ -124,6 +124,7 @@ def main() -> None:
         f"({time.strftime('%Y-%m-%d %H:%M')})",
         rows,
     )
+    publish("outcomes", __doc__, Baseline("the same record with nothing else in flight, each case"))
 
 
 if __name__ == "__main__":

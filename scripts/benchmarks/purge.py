@@ -32,10 +32,11 @@ from ledgerloop.runs.start import start_run
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.worker import WorkerThread
 from ledgerloop.worker import WorkerOptions
+from scripts.benchmarks import results
 from scripts.benchmarks.common import database, report, scripted, settings_for
 from scripts.benchmarks.effects import ticket_service
 
-N = int(os.environ.get("BENCH_PURGE_RUNS", "10000"))
+N = int(results.size("BENCH_PURGE_RUNS", "10000", "50"))
 #: Newer finished runs that stay (a purge removes the oldest slice of a larger history).
 KEPT = int(os.environ.get("BENCH_PURGE_KEPT", str(3 * N)))
 TEMPLATES = 25
@@ -265,6 +266,8 @@ def main() -> None:
             ),
         ],
     )
+    baseline = results.Baseline("bare deletes, batches of 500, no checks", base_rate, "runs/s")
+    results.publish("purge", __doc__, baseline)
 
 
 def _script() -> str:

@@ -26,8 +26,9 @@ from ledgerloop.runs.start import start_run
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.processes import start_worker, stop_worker, worker_env
 from scripts.benchmarks.common import REPO, database, report, scripted
+from scripts.benchmarks.results import Baseline, publish, size
 
-N = int(os.environ.get("BENCH_RESTART_RUNS", "1000"))
+N = int(size("BENCH_RESTART_RUNS", "1000", "5"))
 # Each run's first model call hangs until the worker is killed; the call its resumed run makes
 # (a second attempt at the same turn) is answered at once, and the run finishes.
 SCRIPT = "default: {turns: [{status: 529, times: 1, delay_ms: 600000, then: {text: done}}]}"
@@ -110,6 +111,8 @@ def main() -> None:
             ("bare DBOS: recovered (runs/s)", bare_rate, "baseline (target: >= 1.0x)"),
         ],
     )
+    baseline = Baseline("bare DBOS recovering the same runs, same run", bare_rate, "runs/s")
+    publish("restart", __doc__, baseline, command="BENCH_RESTART_RUNS=1000 scripts/bench restart")
 
 
 if __name__ == "__main__":

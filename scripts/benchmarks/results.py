@@ -71,6 +71,12 @@ class Machine:
 
         return Machine(os.cpu_count(), postgres_version(database_url), platform.python_version())
 
+    @staticmethod
+    def here_noted() -> Machine:
+        import platform
+
+        return Machine(os.cpu_count(), _POSTGRES[0] if _POSTGRES else "", platform.python_version())
+
 
 @dataclass(frozen=True)
 class Result:
@@ -104,6 +110,15 @@ def postgres_version(database_url: str | None) -> str:
     return str(row[0]) if row else ""
 
 
+_POSTGRES: list[str] = []
+
+
+def used_database(url: str) -> None:
+    """Note the server a bench's database is on (its version goes into the result)."""
+    if not _POSTGRES:
+        _POSTGRES.append(postgres_version(url))
+
+
 def results_dir() -> Path:
     given = os.environ.get(RESULTS_ENV)
     if given:
@@ -117,29 +132,60 @@ def results_dir() -> Path:
 
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_UNIT = re.compile(r"^(.*\S)\s*\((ms|s|%|x|MB|KB|% of one core|runs/s|deliveries/s)\)$")
+_RATIO = re.compile(r"^(\d+(?:\.\d+)?)x\b")
+#: The rows of this process's `report()` calls (common.py), for `publish` to write.
+REPORTED: list[Figure] = []
+
+
+def reported(title: str, rows: list[tuple[str, float, str]]) -> None:
+    """Keep a printed table's rows as figures: a label ending in a unit in brackets, such as
+    "p50 (ms)", gives the figure that unit; a ratio ("x") is its own ratio to the baseline."""
+    for label, value, note in rows:
+        match = _UNIT.match(label)
+        name, unit = (match.group(1), match.group(2)) if match else (label, "")
+        said = _RATIO.match(note)  # "1.26x the bare deletes": the row's own ratio
+        ratio = value if unit == "x" else float(said.group(1)) if said else None
+        REPORTED.append(Figure(f"{title}: {name}", _rounded(value), unit, ratio, note))
+
+
+def _rounded(value: float) -> float:
+    """Four significant digits: more would be noise on this machine, and churn in git."""
+    return float(f"{value:.4g}")
+
+
+def measures_of(doc: str | None) -> str:
+    """A module docstring's first paragraph, as one line: what the bench measures."""
+    first = (doc or "").strip().split("\n\n")[0]
+    return " ".join(first.split())
 
 
 def publish(
     bench: str,
-    *,
-    measures: str,
+    doc: str | None,
     baseline: Baseline,
-    figures: list[Figure],
+    figures: list[Figure] | None = None,
+    *,
     database_url: str | None = None,
     command: str | None = None,
 ) -> Path:
-    """Write this run's result as `bench`'s JSON; returns the file written."""
+    """Write this run's result as `bench`'s JSON; returns the file written. `doc` is the
+    bench module's docstring (its first paragraph says what it measures); `figures` default
+    to the rows its `report()` calls printed."""
+    figures = list(REPORTED) if figures is None else figures
+    if isinstance(baseline.value, float):
+        baseline = Baseline(baseline.what, _rounded(baseline.value), baseline.unit)
     if not _NAME.match(bench):
         raise ValueError(f"bench name {bench!r}: use lower case letters, digits and _")
     if not figures:
         raise ValueError(f"{bench}: publish at least one figure")
     result = Result(
         bench=bench,
-        measures=measures,
+        measures=measures_of(doc),
         command=command or f"scripts/bench {bench}",
         baseline=baseline,
         figures=tuple(figures),
-        machine=Machine.here(database_url),
+        machine=Machine.here(database_url) if database_url else Machine.here_noted(),
         measured=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         source="smoke run (tiny sizes, not a measurement)" if smoke() else "scripts/bench run",
     )

@@ -19,9 +19,13 @@ from pathlib import Path
 
 from ledgerloop.sandbox import Limits, SandboxHost
 from scripts.benchmarks.common import report
+from scripts.benchmarks.results import Baseline, publish, size
 
 ARGV = ["python3", "-I", "-c", "print(sum(range(10**5)))"]
-ROUNDS = {"bwrap": 30, "gvisor": 10}
+ROUNDS = {
+    "bwrap": int(size("BENCH_SANDBOX_ROUNDS", "30", "1")),
+    "gvisor": int(size("BENCH_SANDBOX_GVISOR_ROUNDS", "10", "1")),
+}
 
 
 async def plain() -> float:
@@ -58,6 +62,7 @@ async def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report("sandbox: one short python3 command, sandboxed vs plain", rows)
+    publish("sandbox", __doc__, Baseline("the same command as a plain asyncio subprocess"))
 
 
 if __name__ == "__main__":

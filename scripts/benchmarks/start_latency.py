@@ -22,10 +22,11 @@ from ledgerloop.runs.start import start_run
 from ledgerloop.runtime import Runtime
 from ledgerloop.testing.postgres import wait_until
 from scripts.benchmarks.common import database, report, run_in_worker, scripted, settings_for
+from scripts.benchmarks.results import Baseline, publish, size
 
-N = 40
-CALLS = 200
-CALL_ROUNDS = 5
+N = int(size("BENCH_START_RUNS", "40", "3"))
+CALLS = int(size("BENCH_START_CALLS", "200", "3"))
+CALL_ROUNDS = int(size("BENCH_START_CALL_ROUNDS", "5", "1"))
 CALL_INPUT = {"message": "hello", "context": {"ticket": {"title": "t", "tags": ["a", "b"]}}}
 
 
@@ -94,6 +95,7 @@ def main() -> None:
             ("raw INSERT of the input + COMMIT (ms)", raw_ms, "baseline"),
         ],
     )
+    publish("start_latency", __doc__, Baseline("a raw INSERT of the input + COMMIT", raw_ms, "ms"))
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ from scripts.benchmarks.common import (
     settings_for,
     timed,
 )
+from scripts.benchmarks.results import Baseline, publish, size
 
-RUNS = 100
+RUNS = int(size("BENCH_TRACING_RUNS", "100", "2"))
 TURNS = 2
 
 
@@ -89,6 +90,7 @@ default:
             ("turn CPU with spans + metrics on", result["on_cpu"], f"{cpu_overhead:+.1f}%"),
         ],
     )
+    publish("tracing", __doc__, Baseline("a turn with telemetry off", result["off"], "ms"))
 
 
 if __name__ == "__main__":

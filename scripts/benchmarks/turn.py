@@ -39,11 +39,13 @@ from ledgerloop.runtime import Runtime, get_runtime
 from ledgerloop.testing.postgres import DatabaseFactory
 from ledgerloop.tools.registry import ToolContext, read_tool
 from scripts.benchmarks.common import run_in_worker, scripted, settings_for
+from scripts.benchmarks.results import Baseline, Figure, publish, used_database
+from scripts.benchmarks.results import size as sized
 from scripts.benchmarks.run_ends import RunEnds, run_ends
 
 TURNS = 5
-ROUNDS = int(os.environ.get("BENCH_TURN_ROUNDS", "5"))
-RUNS = int(os.environ.get("BENCH_TURN_RUNS", "20"))
+ROUNDS = int(sized("BENCH_TURN_ROUNDS", "5", "1"))
+RUNS = int(sized("BENCH_TURN_RUNS", "20", "1"))
 AGENT = "bench_turns"
 SYSTEM = "You look things up."
 MAX_TOKENS = 512
@@ -302,7 +304,9 @@ def _metered_cluster() -> Iterator[str]:
         cluster.start()
         try:
             factory = DatabaseFactory(cluster.url)
-            yield factory.create()
+            url = factory.create()
+            used_database(url)
+            yield url
         finally:
             cluster.destroy()
 
@@ -335,6 +339,7 @@ def main() -> None:
         "(medians per run; ratios against bare DBOS in the same run)"
     )
     print(f"  {'system':<28} {'ms/run':>8} {'stmts':>7} {'commits':>8} {'WAL KB':>8}   ratios")
+    figures: list[Figure] = []
     for name, rows in costs.items():
         ms = _median(rows, "seconds") * 1000
         stmts = _median(rows, "statements")
@@ -346,8 +351,17 @@ def main() -> None:
             f"{wal * 1024 / _median(base, 'wal_bytes'):.2f}x WAL"
         )
         print(f"  {name:<28} {ms:>8.1f} {stmts:>7.0f} {commits:>8.1f} {wal:>8.1f}   {ratio}")
+        of_time = ms / (_median(base, "seconds") * 1000)
+        figures.append(Figure(f"{name}: time per run", ms, "ms", of_time))
+        of_stmts = stmts / _median(base, "statements")
+        figures.append(Figure(f"{name}: statements per run", stmts, "", of_stmts))
+        of_wal = wal * 1024 / _median(base, "wal_bytes")
+        figures.append(Figure(f"{name}: WAL per run", wal, "KB", of_wal))
+        figures.append(Figure(f"{name}: durable commits per run", commits))
     if langgraph is None:
         print("  (LangGraph not installed: pip install -e '.[bench]' to add it)")
+    baseline = Baseline("bare DBOS, the same turns as async steps, same run")
+    publish("turn", __doc__, baseline, figures)
 
 
 if __name__ == "__main__":

@@ -58,11 +58,12 @@ from scripts.benchmarks.common import (
 )
 from scripts.benchmarks.cpu import ProcessCpu
 from scripts.benchmarks.effects import ticket_service
+from scripts.benchmarks.results import REPORTED, Baseline, Figure, publish, size
 from scripts.benchmarks.run_ends import run_ends
 from scripts.benchmarks.turn import Cost, Meter, _metered_cluster, _run_ledgerloop
 
-ROUNDS = int(os.environ.get("BENCH_TURN_WRITE_ROUNDS", "15"))
-RUNS = int(os.environ.get("BENCH_TURN_WRITE_RUNS", "10"))
+ROUNDS = int(size("BENCH_TURN_WRITE_ROUNDS", "15", "1"))
+RUNS = int(size("BENCH_TURN_WRITE_RUNS", "10", "1"))
 #: "thread": the scripted model on a thread of the worker's process (as in `turn`); "process":
 #: in a process of its own, as a real model service is.
 MODEL = os.environ.get("BENCH_TURN_WRITE_MODEL", "thread")
@@ -268,15 +269,17 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    _report(result["costs"])
+    read_turn = _report(result["costs"])
     _report_cpu(result["cpu"])
+    what = "a read-tool turn (a read-tool run less an answer-only run)"
+    publish("turn_write", __doc__, Baseline(what, read_turn, "ms"))
 
 
 def _med(rows: list[Cost], field: str) -> float:
     return float(statistics.median(getattr(c, field) for c in rows)) / RUNS
 
 
-def _report(costs: dict[str, list[Cost]]) -> None:
+def _report(costs: dict[str, list[Cost]]) -> float:
     ms = {name: _med(rows, "seconds") * 1000 for name, rows in costs.items()}
     read_turn = ms["read"] - ms["answer"]
     write_turn = ms["write"] - ms["answer"] - ms["downstream"]
@@ -295,6 +298,8 @@ def _report(costs: dict[str, list[Cost]]) -> None:
     print(f"  read-tool turn (read - answer): {read_turn:.1f} ms")
     print(f"  write-tool turn (write - answer - downstream): {write_turn:.1f} ms")
     print(f"  ratio: {write_turn / read_turn:.2f}x (target <= 1.5x)")
+    ratio = write_turn / read_turn
+    REPORTED.append(Figure("write-tool turn", write_turn, "ms", ratio, "target <= 1.5x"))
     # The same ratio within each round (the four jobs ran back to back), then its median:
     # a machine that slows down for a while slows both turns of a round alike.
     paired = [
@@ -308,8 +313,13 @@ def _report(costs: dict[str, list[Cost]]) -> None:
         print(
             f"  ratio within each round, median of {len(paired)}: {statistics.median(paired):.2f}x"
         )
+        within = statistics.median(paired)
+        REPORTED.append(Figure("write / read turn within each round, median", within, "x", within))
     other = next(name for name in costs if name.startswith("downstream "))
     print(f"  ratio with the {other}: {(ms['write'] - ms['answer'] - ms[other]) / read_turn:.2f}x")
+    with_other = (ms["write"] - ms["answer"] - ms[other]) / read_turn
+    REPORTED.append(Figure(f"write / read turn with the {other}", with_other, "x", with_other))
+    return read_turn
 
 
 def _report_cpu(cpu: dict[str, list[dict[str, float]]]) -> None:
@@ -332,6 +342,8 @@ def _report_cpu(cpu: dict[str, list[dict[str, float]]]) -> None:
             f"  CPU: read-tool turn {read_turn:.2f} ms, write-tool turn {write_turn:.2f} ms "
             f"(less the downstream's), ratio {write_turn / read_turn:.2f}x"
         )
+        on_cpu = write_turn / read_turn
+        REPORTED.append(Figure("write / read turn on CPU", on_cpu, "x", on_cpu))
 
 
 if __name__ == "__main__":

@@ -44,11 +44,12 @@ from ledgerloop.runtime import Runtime
 from ledgerloop.services import relay_service
 from scripts.benchmarks.common import policy_file, run_in_worker, scripted, settings_for
 from scripts.benchmarks.effects import ticket_service
+from scripts.benchmarks.results import Baseline, Figure, publish, size
 from scripts.benchmarks.run_ends import run_ends
 from scripts.benchmarks.turn import _metered_cluster, _run_ledgerloop
 from scripts.benchmarks.turn_write import AGENTS, POLICY, SCRIPT, TICKET
 
-RUNS = int(os.environ.get("BENCH_TURN_WRITE_PARTS_RUNS", "300"))
+RUNS = int(size("BENCH_TURN_WRITE_PARTS_RUNS", "300", "3"))
 #: How many of the statements that took the most server time to print (0: none).
 STATEMENTS = int(os.environ.get("BENCH_TURN_WRITE_PARTS_STATEMENTS", "0"))
 
@@ -222,6 +223,13 @@ def _report(runs: dict[str, list[float]]) -> None:
             continue
         quartile = statistics.quantiles(values, n=4)[0]
         print(f"    {label:<38} {len(values):5d} {statistics.median(values):8.2f} {quartile:8.2f}")
+    figures = [Figure(f"{name}, median", value, "ms") for name, value in med.items()]
+    figures.append(Figure("read-tool turn (read - answer)", read_turn, "ms"))
+    figures.append(
+        Figure("write-tool turn (write - answer)", write_turn, "ms", None, "downstream in")
+    )
+    baseline = Baseline("an answer-only run, the same rounds", med["answer run"], "ms")
+    publish("turn_write_parts", __doc__, baseline, figures)
 
 
 if __name__ == "__main__":

@@ -33,10 +33,11 @@ from ledgerloop.services import relay_service
 from scripts.benchmarks import turn_write
 from scripts.benchmarks.common import policy_file, run_in_worker, scripted, settings_for
 from scripts.benchmarks.effects import ticket_service
+from scripts.benchmarks.results import Baseline, Figure, publish, size
 from scripts.benchmarks.run_ends import run_ends
 from scripts.benchmarks.turn import _metered_cluster, _run_ledgerloop
 
-RUNS = int(os.environ.get("BENCH_TIMELINE_RUNS", "300"))
+RUNS = int(size("BENCH_TIMELINE_RUNS", "300", "3"))
 PAUSE_S = int(os.environ.get("BENCH_TIMELINE_PAUSE_MS", "0")) / 1000
 
 _marks: list[tuple[int, str]] = []
@@ -161,6 +162,7 @@ def main() -> None:
             async def body(runtime: Runtime) -> dict[str, Any]:
                 ends = await run_ends(url)
                 lines: list[str] = []
+                took: dict[str, float] = {}
                 try:
                     for kind in ("read", "write"):
                         agent = turn_write.AGENTS[kind].name
@@ -175,9 +177,10 @@ def main() -> None:
                             _mark("end")
                             runs.append(list(_marks))
                         lines += [f"\n{kind}-tool run:", *_timeline(runs), *_spans(runs)]
+                        took[kind] = statistics.median((r[-1][0] - r[0][0]) / 1e6 for r in runs)
                 finally:
                     await ends.close()
-                return {"lines": lines}
+                return {"lines": lines, "took": took}
 
             result = run_in_worker(settings, url, body, services=[relay_service])
     finally:
@@ -185,6 +188,10 @@ def main() -> None:
         proc.wait(timeout=30)
     print(f"\nturn_write_timeline: {RUNS} runs of each, one at a time")
     print("\n".join(result["lines"]))
+    took = result["took"]
+    write = Figure("a write-tool run, start .. end, median", took["write"], "ms")
+    baseline = Baseline("a read-tool run, start .. end, median", took["read"], "ms")
+    publish("turn_write_timeline", __doc__, baseline, [write])
 
 
 if __name__ == "__main__":

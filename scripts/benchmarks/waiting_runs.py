@@ -10,7 +10,6 @@ BENCH_WAITING_RUNS sets the count (default 10,000).
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -19,8 +18,9 @@ from ledgerloop.runs.start import start_run
 from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.processes import start_worker, stop_worker, worker_env
 from scripts.benchmarks.common import database, report, scripted
+from scripts.benchmarks.results import Baseline, publish, size
 
-N = int(os.environ.get("BENCH_WAITING_RUNS", "10000"))
+N = int(size("BENCH_WAITING_RUNS", "10000", "5"))
 
 
 def proc_status(pid: int) -> dict[str, int]:
@@ -80,6 +80,13 @@ default:
             ("runs that failed instead of waiting", counts["lost"], "expected 0"),
             ("of the waiting runs, hibernated", hibernated["n"], "out of memory until woken"),
         ],
+    )
+    baseline = Baseline("targets: <= 300 MB resident, <= 50 threads")
+    publish(
+        "waiting_runs",
+        __doc__,
+        baseline,
+        command="BENCH_WAITING_RUNS=10000 scripts/bench waiting_runs",
     )
 
 

@@ -1,0 +1,80 @@
+"""Every benchmark in scripts/bench runs once at its tiny size (LEDGERLOOP_BENCH_SMOKE=1) and
+writes a well-formed result into a temporary directory, never into docs/benchmarks/: a bench
+that no longer runs, or no longer publishes, fails here instead of on the day it is needed.
+The figures of a smoke run mean nothing; only their shape is checked."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.benchmarks.results import KEYS, RESULTS_ENV, SMOKE_ENV, load
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "scripts" / "bench"
+#: Modules under scripts/benchmarks with a main that are not benches: a part of one, the report.
+HELPERS = {"restart_bare", "report"}
+
+
+def _listed() -> list[str]:
+    """The names scripts/bench runs when given none."""
+    match = re.search(r"names=\(([a-z_ ]+)\)", BENCH.read_text())
+    assert match, "scripts/bench no longer lists its benches as names=(...)"
+    return match.group(1).split()
+
+
+BENCHES = _listed()
+#: Benches that start worker processes or many runs: seconds become tens of seconds.
+SLOW = {"dispatch", "takeover", "restart", "waiting_runs", "idle", "purge", "streams"}
+
+
+def test_every_bench_module_is_listed() -> None:
+    modules = {
+        path.stem
+        for path in (REPO / "scripts" / "benchmarks").glob("*.py")
+        if 'if __name__ == "__main__":' in path.read_text()
+    }
+    assert modules - HELPERS == set(BENCHES), "add the bench to the names in scripts/bench"
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.long) if n in SLOW else n for n in BENCHES]
+)
+def test_bench_runs_at_smoke_size(name: str, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        SMOKE_ENV: "1",
+        RESULTS_ENV: str(tmp_path),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "app"), str(REPO)]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", f"scripts.benchmarks.{name}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+    written = tmp_path / f"{name}.json"
+    assert written.exists(), f"{name} printed its figures but did not publish them"
+    data = json.loads(written.read_text())
+    assert set(KEYS) <= set(data)
+    result = load(written)
+    assert result.bench == name
+    assert result.command.endswith(f"scripts/bench {name}")
+    assert result.source.startswith("smoke run")
+    assert result.measures
+    assert result.machine.cores
+    assert result.machine.postgres or name == "sandbox"
+    assert result.figures
+    for figure in result.figures:
+        if isinstance(figure.value, float):
+            assert math.isfinite(figure.value), figure
