@@ -13,7 +13,6 @@ First-delta latency (text deltas) is not measured: deltas are not built yet (iss
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import threading
 import time
@@ -30,9 +29,12 @@ from ledgerloop.runs.start import start_run
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_ensure_status
 from scripts.benchmarks.common import database, report
+from scripts.benchmarks.results import Baseline, publish, size, smoke
 
-MOVES = int(os.environ.get("BENCH_STREAMS_MOVES", "400"))
-ROUNDS = int(os.environ.get("BENCH_STREAMS_ROUNDS", "5"))
+MOVES = int(size("BENCH_STREAMS_MOVES", "400", "20"))
+ROUNDS = int(size("BENCH_STREAMS_ROUNDS", "5", "1"))
+#: (subscribers, runs) of each fan-out.
+FAN_OUT = ((3, 1), (6, 2)) if smoke() else ((100, 1), (1000, 100))
 
 
 def _moves(conn: Conn, n: int) -> float:
@@ -191,7 +193,7 @@ def main() -> None:
                 ("ratio", on / off, "target <= 1.05"),
             ],
         )
-        for subscribers, runs in ((100, 1), (1000, 100)):
+        for subscribers, runs in FAN_OUT:
             fig = fan_out(url, subscribers, runs)
             report(
                 f"streams: {subscribers} SSE subscribers across {runs} run(s), one process",
@@ -211,6 +213,7 @@ def main() -> None:
                     ("s until every subscriber saw run.finished", fig["all_finished_s"], ""),
                 ],
             )
+    publish("streams", __doc__, Baseline("the same status move without the trigger", off, "ms"))
 
 
 if __name__ == "__main__":
