@@ -39,7 +39,7 @@ def _number(value: float | str | None) -> str:
         return value
     if value == int(value) and abs(value) >= 100:
         return f"{int(value):,}"
-    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
 def _value(value: float | str | None, unit: str) -> str:
@@ -78,9 +78,9 @@ def section(result: Result) -> list[str]:
         "",
         result.measures,
         "",
-        f"- Command: `{result.command}`",
-        f"- Baseline: {base}",
-        f"- Measured: {result.measured} ({', '.join(facts)}); {result.source}",
+        # One line for the three, so that a page of every bench stays well under 300 lines.
+        f"Command: `{result.command}`. Baseline: {base}. Measured: {result.measured}"
+        f" ({', '.join(facts)}); {result.source}.",
         "",
         "| figure | value | to baseline | note |",
         "| --- | --- | --- | --- |",
