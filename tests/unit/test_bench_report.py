@@ -43,4 +43,4 @@ def test_a_changed_figure_changes_the_page(tmp_path: Path) -> None:
     (tmp_path / "turn.json").write_text(json.dumps(data))
     page = report.render(tmp_path)
     assert page != report.render()
-    assert "123x" in page
+    assert "| 123.5x |" in page
