@@ -10,6 +10,7 @@ of a core. BENCH_IDLE_S sets the window (default 20 s).
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +26,10 @@ from scripts.benchmarks.fleet import (
     reset_statements,
     top_statements,
 )
-from scripts.benchmarks.results import Baseline, publish, size
+from scripts.benchmarks.results import Baseline, publish, smoke
 
-WINDOW_S = float(size("BENCH_IDLE_S", "20", "1"))
-WARMUP_S = float(size("BENCH_IDLE_WARMUP_S", "65", "0"))
+WINDOW_S = float(os.environ.get("BENCH_IDLE_S", "1" if smoke() else "20"))
+WARMUP_S = float(os.environ.get("BENCH_IDLE_WARMUP_S", "0" if smoke() else "65"))
 LOG = Path(tempfile.gettempdir()) / "ledgerloop-bench-idle.log"
 
 

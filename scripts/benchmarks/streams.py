@@ -13,6 +13,7 @@ First-delta latency (text deltas) is not measured: deltas are not built yet (iss
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import threading
 import time
@@ -29,10 +30,10 @@ from ledgerloop.runs.start import start_run
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_ensure_status
 from scripts.benchmarks.common import database, report
-from scripts.benchmarks.results import Baseline, publish, size, smoke
+from scripts.benchmarks.results import Baseline, publish, smoke
 
-MOVES = int(size("BENCH_STREAMS_MOVES", "400", "20"))
-ROUNDS = int(size("BENCH_STREAMS_ROUNDS", "5", "1"))
+MOVES = int(os.environ.get("BENCH_STREAMS_MOVES", "20" if smoke() else "400"))
+ROUNDS = int(os.environ.get("BENCH_STREAMS_ROUNDS", "1" if smoke() else "5"))
 #: (subscribers, runs) of each fan-out.
 FAN_OUT = ((3, 1), (6, 2)) if smoke() else ((100, 1), (1000, 100))
 

@@ -1,7 +1,12 @@
 """Every benchmark in scripts/bench runs once at its tiny size (LEDGERLOOP_BENCH_SMOKE=1) and
 writes a well-formed result into a temporary directory, never into docs/benchmarks/: a bench
 that no longer runs, or no longer publishes, fails here instead of on the day it is needed.
-The figures of a smoke run mean nothing; only their shape is checked."""
+The figures of a smoke run mean nothing; only their shape is checked.
+
+Outside tools: `sandbox` needs bwrap and gVisor, which scripts/install-sandbox installs (it
+fails here without them, as the sandbox tests do). `turn` compares with LangGraph only when
+the `bench` extra is installed, which the project's scripts do not install: that one column of
+`turn` is left out of the smoke run, by design, and `turn` says so in its output."""
 
 from __future__ import annotations
 

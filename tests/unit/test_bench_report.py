@@ -7,8 +7,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from scripts.benchmarks import report
-from scripts.benchmarks.results import COMMITTED, KEYS, load
+from scripts.benchmarks.results import (
+    COMMITTED,
+    KEYS,
+    REPORTED,
+    RESULTS_ENV,
+    SMOKE_ENV,
+    Baseline,
+    Figure,
+    load,
+    publish,
+    reported,
+)
 
 
 def test_page_is_generated_from_the_json() -> None:
@@ -44,3 +57,25 @@ def test_a_changed_figure_changes_the_page(tmp_path: Path) -> None:
     page = report.render(tmp_path)
     assert page != report.render()
     assert "| 123.5x |" in page
+
+
+def test_a_smoke_run_never_writes_the_committed_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SMOKE_ENV, "1")
+    monkeypatch.delenv(RESULTS_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=RESULTS_ENV):
+        publish("bench_x", "Doc.", Baseline("none"), [Figure("f", 1.0)])
+
+
+def test_a_printed_row_becomes_a_figure_with_its_unit_and_ratio() -> None:
+    before = len(REPORTED)
+    reported(
+        "t", [("p50 (ms)", 1.23456, "1.5x the raw"), ("statements/s (BEGIN left out)", 4.0, "")]
+    )
+    first, second = REPORTED[before:]
+    del REPORTED[before:]
+    assert first == Figure("t: p50", 1.235, "ms", 1.5, "1.5x the raw")
+    assert (second.name, second.unit, second.ratio) == (
+        "t: statements/s (BEGIN left out)",
+        "",
+        None,
+    )
