@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "docs" / "benchmarks"
@@ -88,7 +87,6 @@ class Result:
     machine: Machine
     measured: str  # ISO 8601, UTC; or the date and hours of a transcribed figure
     source: str = "scripts/bench run"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -117,6 +115,22 @@ def used_database(url: str) -> None:
     """Note the server a bench's database is on (its version goes into the result)."""
     if not _POSTGRES:
         _POSTGRES.append(postgres_version(url))
+
+
+def _at() -> str:
+    """ " at <commit>" of the checkout measured, "+" when its code has uncommitted changes
+    (the JSON files written by the benches before this one do not count)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout
+
+    try:
+        head = git("rev-parse", "--short", "HEAD").strip()
+        dirty = git("status", "--porcelain", "--", "app", "scripts", "migrations").strip()
+    except OSError:
+        return ""
+    return f" at {head}{'+' if dirty else ''}" if head else ""
 
 
 def results_dir() -> Path:
@@ -187,7 +201,9 @@ def publish(
         figures=tuple(figures),
         machine=Machine.here(database_url) if database_url else Machine.here_noted(),
         measured=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        source="smoke run (tiny sizes, not a measurement)" if smoke() else "scripts/bench run",
+        source="smoke run (tiny sizes, not a measurement)"
+        if smoke()
+        else f"scripts/bench run{_at()}",
     )
     out = results_dir()
     out.mkdir(parents=True, exist_ok=True)
@@ -214,5 +230,4 @@ def load(path: Path) -> Result:
         machine=Machine(**data["machine"]),
         measured=data["measured"],
         source=data["source"],
-        extra=data.get("extra", {}),
     )
