@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ledgerloop.testing.postgres import ENV_URL, PostgresServer
 from scripts.benchmarks.results import KEYS, RESULTS_ENV, SMOKE_ENV, load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,9 +57,12 @@ def _param(name: str) -> object:
 
 
 @pytest.mark.parametrize("name", [_param(n) for n in BENCHES])
-def test_bench_runs_at_smoke_size(name: str, tmp_path: Path) -> None:
+def test_bench_runs_at_smoke_size(name: str, tmp_path: Path, pg_server: PostgresServer) -> None:
     env = {
         **os.environ,
+        # The suite's Postgres: a bench's database() then skips building a cluster of its own
+        # (the benches that count statements still build theirs, with pg_stat_statements).
+        ENV_URL: pg_server.admin_url,
         SMOKE_ENV: "1",
         RESULTS_ENV: str(tmp_path),
         "PYTHONPATH": os.pathsep.join([str(REPO / "app"), str(REPO)]),
