@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -16,6 +18,7 @@ from ledgerloop.db.connect import tenant_scope
 from ledgerloop.http.auth import Caller, Connection, with_role
 from ledgerloop.http.errors import (
     IdempotencyKeyReused,
+    InvalidRequest,
     UnknownAgent,
     json_storable,
     responses,
@@ -23,7 +26,7 @@ from ledgerloop.http.errors import (
 )
 from ledgerloop.runs.start import MAX_INPUT_DEPTH, depth_problem, input_too_deep, start_run
 from ledgerloop.runs.states import RunStatus
-from ledgerloop.runs.store import Run, run_list, run_require
+from ledgerloop.runs.store import Run, RunFilter, run_counts, run_page, run_require
 from ledgerloop.telemetry.runtrace import run_start_span
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -105,6 +108,12 @@ class RunOut(BaseModel):
 
 class RunList(BaseModel):
     runs: list[RunOut]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; null on the last"
+    )
+    counts: dict[str, int] | None = Field(
+        default=None, description="Matching runs by status (with counts=true)"
+    )
 
 
 class EntryOut(BaseModel):
@@ -198,11 +207,61 @@ def list_runs(
     conn: Connection,
     status: RunStatus | None = None,
     agent: Annotated[str | None, Query(max_length=64)] = None,
+    run_id: Annotated[uuid.UUID | None, Query(description="Only this run")] = None,
+    idempotency_key: Annotated[
+        str | None, Query(max_length=255, description="Only the run this key started")
+    ] = None,
+    created_after: Annotated[
+        datetime | None, Query(description="Runs created at or after this instant")
+    ] = None,
+    created_before: Annotated[
+        datetime | None, Query(description="Runs created before this instant")
+    ] = None,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=200, description="`next_cursor` of the previous page"),
+    ] = None,
+    counts: Annotated[
+        bool, Query(description="Also count the matching runs by status (reads them all)")
+    ] = False,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> RunList:
+    where = RunFilter(
+        tenant_id=principal.tenant_id,
+        status=status,
+        agent=agent,
+        run_id=run_id,
+        idempotency_key=idempotency_key,
+        created_after=created_after,
+        created_before=created_before,
+    )
+    after = cursor_decode(cursor) if cursor else None
     with tenant_scope(conn, principal.tenant_id):
-        runs = run_list(conn, status=status, agent=agent, limit=limit)
-    return RunList(runs=[RunOut.of(run) for run in runs])
+        page = run_page(conn, where, limit=limit, after=after)
+        by_status = run_counts(conn, where) if counts else None
+    return RunList(
+        runs=[RunOut.of(run) for run in page.runs],
+        next_cursor=cursor_encode(*page.after) if page.after else None,
+        counts=by_status,
+    )
+
+
+def cursor_encode(created_at: datetime, run_id: uuid.UUID) -> str:
+    """The position after a run, opaque to clients: they pass it back unchanged."""
+    raw = json.dumps([created_at.isoformat(), str(run_id)], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def cursor_decode(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        at, run_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        return datetime.fromisoformat(at), uuid.UUID(run_id)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(
+            f"cursor {cursor[:40]!r} is not one this API gave out",
+            fix="pass the next_cursor of the previous page unchanged, or leave it out",
+        ) from exc
 
 
 @router.get(
