@@ -2,8 +2,10 @@
 
 Events, effects and approvals are read on the caller's connection (inside `tenant_scope` only
 the tenant's own); steps come from DBOS through its client API (`list_workflow_steps`), never
-from DBOS's tables. Step outputs stay out: they hold model text and can be large. A step's
-error message is kept, cut to a readable length.
+from DBOS's tables. Step outputs stay out: they hold model text and can be large. Of a model
+call (a think step's output) only the facts are kept: model, tokens, stop reason, latency,
+the tools it asked for and their arguments, never its text. A step's error message is kept,
+cut to a readable length.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ def run_timeline(conn: Conn, run_id: uuid.UUID, *, steps: StepSource | None) -> 
         *(_approval(a) for a in approvals),
     ]
     entries.sort(key=lambda e: (e.at, _ORDER[e.kind]))
+    _mark_cut_off(entries)
     truncated = any(len(items) >= MAX_ITEMS for items in (events, infos, effects, approvals))
     return Timeline(run, entries, truncated)
 
@@ -166,6 +169,11 @@ def _step(info: StepInfo, workflow_id: str | None = None) -> Entry:
         detail["child_workflow_id"] = info["child_workflow_id"]
     if workflow_id is not None:
         detail["workflow_id"] = workflow_id  # a child episode's step
+    call = _model_call(info.get("output"))
+    if call is not None:
+        if started and completed:
+            call["latency_ms"] = int((completed - started).total_seconds() * 1000)
+        detail["model_call"] = call
     # A step recorded without a start time (DBOS's own bookkeeping rows) sorts at its end.
     at = started or completed or datetime.now(UTC)
     return Entry(at, "step", info["function_name"], status, detail)
@@ -205,3 +213,41 @@ def _approval(approval: Approval) -> Entry:
             "decided_at": approval.decided_at.isoformat() if approval.decided_at else None,
         },
     )
+
+
+def _model_call(output: Any) -> dict[str, Any] | None:
+    """The facts of a think step's model response (agent/steps.py, compact_response)."""
+    response = output.get("response") if isinstance(output, dict) else None
+    if not isinstance(response, dict) or "usage" not in response:
+        return None
+    usage = response.get("usage") or {}
+    uses = [
+        block
+        for block in response.get("content") or []
+        if isinstance(block, dict) and block.get("type") == "tool_use"
+    ]
+    return {
+        "model": response.get("model"),
+        "stop_reason": response.get("stop_reason"),
+        "input_tokens": usage.get("input_tokens"),
+        "output_tokens": usage.get("output_tokens"),
+        "tool_uses": [str(block.get("name")) for block in uses],
+        "tool_calls": [
+            {"id": block.get("id"), "name": block.get("name"), "input": block.get("input")}
+            for block in uses
+        ],
+    }
+
+
+def _mark_cut_off(entries: list[Entry]) -> None:
+    """A step that started and never finished, while a later step of the same workflow did
+    run: the execution running it was cut off (a crash, a kill) and another resumed after."""
+    last_start: dict[str | None, datetime] = {}
+    for entry in entries:
+        if entry.kind == "step":
+            last_start[entry.detail.get("workflow_id")] = entry.at
+    for entry in entries:
+        if entry.kind == "step" and entry.status == "running":
+            later = last_start.get(entry.detail.get("workflow_id"))
+            if later is not None and later > entry.at:
+                entry.detail["cut_off"] = True
