@@ -4,17 +4,27 @@ and strings that try to be markup or to reorder text."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 from psycopg.types.json import Jsonb
 
 from ledgerloop.approvals.store import ApprovalStatus, approval_get
 from ledgerloop.db.connect import Conn
+from ledgerloop.examples.ticket_service import TicketServiceThread
+from ledgerloop.http.app import create_app
+from ledgerloop.models.scripted_server import ScriptedModelServer
+from ledgerloop.pricing import ModelPrice
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_require, run_transition
-from tests.e2e.conftest import REPO, MakeToken, ServerThread, run_awaiting_approval
+from ledgerloop.services import build_services
+from ledgerloop.testing.worker import WorkerThread
+from ledgerloop.worker import WorkerOptions
+from tests.conftest import TICKET_SCRIPT, start_test_run, wait_terminal
+from tests.e2e.conftest import AGENTS, REPO, MakeToken, ServerThread, run_awaiting_approval
 
 pytestmark = pytest.mark.e2e
 
@@ -80,7 +90,6 @@ def test_a_run_started_over_sql_appears_and_its_steps_arrive(
     expect(listed.locator(".status")).to_have_text("received")  # the list follows new runs
     expect(listed.locator(".key")).to_have_text("order-42")
     expect(listed.locator(".agent")).to_have_text("ops")
-    page.screenshot(path=DOCS / "console-list.png")
 
     listed.locator("a.run-link").click()
     expect(page.locator("#run-id")).to_have_text(str(run_id))
@@ -100,7 +109,6 @@ def test_a_run_started_over_sql_appears_and_its_steps_arrive(
     expect(page.locator("#run-status")).to_have_text("failed")
     expect(page.locator("#cancel")).to_be_hidden()
     assert page.locator("script").count() == 1  # the console's own, nothing from the run
-    page.screenshot(path=DOCS / "console-detail.png", full_page=True)
 
     page.click("h1 a")  # back to the list, with counts by status
     expect(page.locator('#counts li[data-status="failed"]')).to_have_text("failed: 1")
@@ -172,3 +180,72 @@ def test_a_long_run_renders_in_chunks_and_a_large_result_is_cut(
     shown_json = big.locator("pre.detail").text_content() or ""
     assert shown_json.startswith('{\n  "sequence": 600,\n  "payload": {\n')
     assert len(shown_json) == 20000
+
+
+PRICES = {
+    "claude-haiku-4-5": ModelPrice(input_per_mtok=1.0, output_per_mtok=5.0),
+    "claude-sonnet-4-6": ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0),
+}
+
+
+def test_a_real_run_approved_from_the_console_goes_on_live(
+    browser: Browser,
+    db_url: str,
+    conn: Conn,
+    make_token: MakeToken,
+    make_settings: Callable[..., Any],
+    scripted_model: Callable[[str], ScriptedModelServer],
+) -> None:
+    """A worker runs the ops agent on the scripted model; its write waits for a person, who
+    approves it in the console and watches the run deliver it and answer."""
+    model = scripted_model(TICKET_SCRIPT)
+    app = create_app(db_url, agent_names=AGENTS, prices=PRICES)
+    with TicketServiceThread() as tickets, ServerThread(app) as server:
+        settings = make_settings(
+            anthropic_base_url=model.url,
+            agent_modules="tests.support.agents",
+            destinations={"tickets": tickets.url},
+        )
+        options = WorkerOptions(services=build_services(settings, http=False, relay=True))
+        worker = WorkerThread(settings, db_url, options).start()
+        context = browser.new_context(base_url=server.url, viewport={"width": 1280, "height": 900})
+        try:
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto("/console")
+            sign_in(page, make_token("approver", name="ana@example.com"))
+            run_id = start_test_run(conn, "ops", "db-1 disk full")
+            listed = page.locator(f'tr[data-run-id="{run_id}"]')
+            expect(listed.locator(".status")).to_have_text("awaiting_approval", timeout=30_000)
+            page.screenshot(path=DOCS / "console-list.png")
+            listed.locator("a.run-link").click()
+
+            approve = page.locator('li.entry[data-kind="approval"] button.approve')
+            approve.click()
+            expect(page.locator("#notice")).to_have_text(
+                "approved: write_ticket by ana@example.com"
+            )
+            # The page follows the run as the worker delivers the write and answers.
+            expect(page.locator("#run-status")).to_have_text("succeeded", timeout=30_000)
+            effect = page.locator('li.entry[data-kind="effect"]')
+            expect(effect.locator(".status")).to_have_text("succeeded")
+            expect(effect.locator(".facts")).to_contain_text(f"tickets · key {run_id}:")
+            expect(page.locator("li.turn > h2")).to_have_text(["Start", "Turn 0", "Turn 1"])
+            calls = page.locator('li.entry[data-kind="step"]').filter(has_text="claude-")
+            expect(calls).to_have_count(2)
+            # model · tokens in · tokens out · cost · latency · stop reason · tools asked for
+            expect(calls.first.locator(".facts")).to_contain_text("· $0.0")
+            expect(calls.first.locator(".facts")).to_contain_text("tool_use · → write_ticket")
+            expect(calls.last.locator(".facts")).to_contain_text("end_turn")
+            expect(page.locator("#run-totals")).to_contain_text("2 model calls")
+            expect(page.locator("#run-totals")).to_contain_text("cost $0.0")
+            decided = page.locator('li.entry[data-kind="approval"]')
+            expect(decided.locator(".facts")).to_contain_text("by ana@example.com")
+            page.screenshot(path=DOCS / "console-detail.png", full_page=True)
+            assert errors == []
+        finally:
+            context.close()
+            worker.stop()
+        assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+        assert httpx.get(f"{tickets.url}/_stats").json()["created"] == 1

@@ -11,6 +11,7 @@ cut to a readable length.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
@@ -21,6 +22,7 @@ from ledgerloop.approvals.store import Approval, approval_list
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.errors import translated
 from ledgerloop.effects.ledger import Effect, effect_list
+from ledgerloop.pricing import ModelPrice, cost_usd
 from ledgerloop.runs.store import Run, RunEvent, run_events, run_require
 
 Kind = Literal["event", "step", "effect", "approval"]
@@ -105,12 +107,23 @@ class Timeline:
     run: Run
     entries: list[Entry]
     truncated: bool
+    #: The model calls' cost by the price table (those shown); None when none is priced.
+    cost_usd: float | None = None
+    #: Model calls whose model has no price (their cost is not in cost_usd).
+    unpriced_calls: int = 0
 
 
-def run_timeline(conn: Conn, run_id: uuid.UUID, *, steps: StepSource | None) -> Timeline:
+def run_timeline(
+    conn: Conn,
+    run_id: uuid.UUID,
+    *,
+    steps: StepSource | None,
+    prices: Mapping[str, ModelPrice] | None = None,
+) -> Timeline:
     """The run's timeline. Raises RunNotFound (also for a run the connection cannot see).
 
-    `steps=None` leaves the workflow's steps out (a caller with no DBOS access).
+    `steps=None` leaves the workflow's steps out (a caller with no DBOS access). `prices`:
+    the price table (ledgerloop.pricing) each model call is costed by.
     """
     run = run_require(conn, run_id)
     events = run_events(conn, run_id)[:MAX_ITEMS]
@@ -138,7 +151,8 @@ def run_timeline(conn: Conn, run_id: uuid.UUID, *, steps: StepSource | None) -> 
     entries.sort(key=lambda e: (e.at, _ORDER[e.kind]))
     _mark_cut_off(entries)
     truncated = any(len(items) >= MAX_ITEMS for items in (events, infos, effects, approvals))
-    return Timeline(run, entries, truncated)
+    total, unpriced = _costs(entries, prices or {})
+    return Timeline(run, entries, truncated, total, unpriced)
 
 
 def _event(event: RunEvent) -> Entry:
@@ -251,3 +265,20 @@ def _mark_cut_off(entries: list[Entry]) -> None:
             later = last_start.get(entry.detail.get("workflow_id"))
             if later is not None and later > entry.at:
                 entry.detail["cut_off"] = True
+
+
+def _costs(entries: list[Entry], prices: Mapping[str, ModelPrice]) -> tuple[float | None, int]:
+    """Cost each model call in place; the total of the priced ones and how many were not."""
+    total: float | None = None
+    unpriced = 0
+    for entry in entries:
+        call = entry.detail.get("model_call")
+        if call is None:
+            continue
+        cost = cost_usd(prices, call["model"], call["input_tokens"], call["output_tokens"])
+        call["cost_usd"] = cost
+        if cost is None:
+            unpriced += 1
+        else:
+            total = (total or 0.0) + cost
+    return total, unpriced

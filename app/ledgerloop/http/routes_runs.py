@@ -128,6 +128,10 @@ class TimelineOut(BaseModel):
     run: RunOut
     entries: list[EntryOut]
     truncated: bool = Field(description="True when the run has more items than are shown")
+    cost_usd: float | None = Field(
+        default=None, description="The model calls' cost by the price table; null if unpriced"
+    )
+    unpriced_calls: int = Field(default=0, description="Model calls whose model has no price")
 
 
 class CancellationOut(BaseModel):
@@ -282,11 +286,15 @@ def timeline(
     run_id: uuid.UUID, request: Request, principal: Caller, conn: Connection
 ) -> TimelineOut:
     with tenant_scope(conn, principal.tenant_id):
-        found = run_timeline(conn, run_id, steps=request.app.state.dbos)
+        found = run_timeline(
+            conn, run_id, steps=request.app.state.dbos, prices=request.app.state.prices
+        )
     return TimelineOut(
         run=RunOut.of(found.run),
         entries=[EntryOut.model_validate(entry, from_attributes=True) for entry in found.entries],
         truncated=found.truncated,
+        cost_usd=found.cost_usd,
+        unpriced_calls=found.unpriced_calls,
     )
 
 

@@ -174,7 +174,7 @@
       el("td", "agent", run.agent),
       id,
       el("td", "key", run.idempotency_key || ""),
-      el("td", "cost", dollars(run.cost_usd)),
+      el("td", "updated", stamp(run.updated_at)),
     );
     return row;
   }
@@ -199,7 +199,7 @@
     if (signature !== detail.signature) {
       detail.signature = signature;
       detail.entries = data.entries;
-      renderTurns(data.run);
+      renderTurns();
     }
     byId("truncated").hidden = !data.truncated;
     if (!TERMINAL.has(data.run.status)) poll(() => loadRun(runId).catch(failed));
@@ -213,16 +213,6 @@
     status.className = `status status-${run.status}`;
     text(byId("run-agent"), run.agent);
     text(byId("run-created"), stamp(run.created_at));
-    const parent = byId("run-parent");
-    parent.replaceChildren();
-    const forkedFrom = (run.state || {}).forked_from;
-    if (forkedFrom) {
-      const link = el("a", "parent-link", forkedFrom.run_id);
-      link.href = `#/runs/${encodeURIComponent(forkedFrom.run_id)}`;
-      parent.append(link, el("span", "", ` at step ${forkedFrom.from_step}`));
-    } else {
-      text(parent, "—");
-    }
     text(byId("run-totals"), totals(data));
     byId("cancel").hidden = TERMINAL.has(run.status);
   }
@@ -244,7 +234,8 @@
       }
     }
     const wall = (new Date(data.run.updated_at) - new Date(data.run.created_at)) / 1000;
-    const cost = data.run.cost_usd == null ? "" : `, cost ${dollars(data.run.cost_usd)}`;
+    let cost = data.cost_usd == null ? "" : `, cost ${dollars(data.cost_usd)}`;
+    if (data.unpriced_calls) cost += ` (+${data.unpriced_calls} unpriced)`;
     return `${calls} model calls, ${tokensIn} tokens in, ${tokensOut} out${cost}, ` +
       `wall ${wall.toFixed(1)} s, waiting for people ${(waitingMs / 1000).toFixed(1)} s`;
   }
@@ -257,18 +248,18 @@
     return null;
   }
 
-  function renderTurns(run) {
+  function renderTurns() {
     const shown = detail.entries.slice(0, detail.shown);
     const groups = [];
     let current = { title: "Start", entries: [] };
     groups.push(current);
-    shown.forEach((entry, index) => {
+    shown.forEach((entry) => {
       const turn = turnOf(entry);
       if (turn !== null) {
         current = { title: `Turn ${turn}`, entries: [] };
         groups.push(current);
       }
-      current.entries.push([entry, index]);
+      current.entries.push([entry]);
     });
     const nodes = groups
       .filter((g) => g.entries.length > 0)
@@ -276,7 +267,7 @@
         const item = el("li", "turn");
         item.append(el("h2", "", group.title));
         const entries = el("ol", "entries");
-        entries.append(...group.entries.map(([e, i]) => entryNode(run, e, i, shown)));
+        entries.append(...group.entries.map(([e]) => entryNode(e)));
         if (group.entries.some(([e]) => e.detail.cut_off)) item.classList.add("crash");
         item.append(entries);
         return item;
@@ -316,7 +307,7 @@
     return "";
   }
 
-  function entryNode(run, entry, index, shown) {
+  function entryNode(entry) {
     const node = byId("entry").content.firstElementChild.cloneNode(true);
     const part = (selector) => node.querySelector(selector);
     node.dataset.kind = entry.kind;
@@ -338,13 +329,6 @@
       approve.addEventListener("click", () => decide(node, entry.detail.id, "approve"));
       reject.addEventListener("click", () => decide(node, entry.detail.id, "reject"));
       buttons.append(approve, reject);
-    }
-    if (entry.kind === "step" && entry.status === "completed" && !entry.detail.workflow_id &&
-        run.status === "failed") {
-      const fork = el("button", "fork", "Fork after this step");
-      fork.type = "button";
-      fork.addEventListener("click", () => forkFrom(node, run.id, entry.detail.function_id + 1));
-      buttons.append(fork);
     }
     // The JSON goes into the page only when opened, and cut: a 1 MB result costs nothing
     // until someone asks for it.
@@ -394,17 +378,6 @@
     });
   }
 
-  function forkFrom(node, runId, fromStep) {
-    return act(node, async () => {
-      const forked = await api(`v1/runs/${encodeURIComponent(runId)}/fork`, {
-        method: "POST",
-        body: JSON.stringify({ from_step: fromStep }),
-      });
-      show("notice", `forked ${runId} at step ${fromStep} as ${forked.id}`);
-      location.hash = `#/runs/${encodeURIComponent(forked.id)}`;
-    });
-  }
-
   // -- routing -------------------------------------------------------------------------
 
   async function route() {
@@ -449,7 +422,7 @@
     });
     byId("more").addEventListener("click", () => {
       detail.shown += CHUNK;
-      renderTurns({ id: detail.runId, status: byId("run-status").textContent });
+      renderTurns();
     });
     byId("cancel").addEventListener("click", () => act(byId("summary"), async () => {
       const done = await api(`v1/runs/${encodeURIComponent(detail.runId)}/cancel`, {
