@@ -24,7 +24,14 @@ from ledgerloop.services import build_services
 from ledgerloop.testing.worker import WorkerThread
 from ledgerloop.worker import WorkerOptions
 from tests.conftest import TICKET_SCRIPT, start_test_run, wait_terminal
-from tests.e2e.conftest import AGENTS, REPO, MakeToken, ServerThread, run_awaiting_approval
+from tests.e2e.conftest import (
+    AGENTS,
+    REPO,
+    MakeToken,
+    ServerThread,
+    parked_effect,
+    run_awaiting_approval,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -147,6 +154,26 @@ def test_a_viewer_may_not_approve_and_is_told_why(
     found = approval_get(conn, approval.id)
     assert found is not None
     assert found.status is ApprovalStatus.PENDING
+
+
+def test_an_operator_settles_a_parked_effect(page: Page, conn: Conn, make_token: MakeToken) -> None:
+    effect = parked_effect(conn)
+    sign_in(page, make_token("operator", name="olga@example.com"))
+    page.goto(f"/console#/runs/{effect.run_id}")
+    entry = page.locator('li.entry[data-kind="effect"]')
+    expect(entry.locator(".status")).to_have_text("needs_human")
+    entry.locator("input.resolution").fill("the desk never filed it")
+    entry.locator("button.resolve-failed").click()
+    expect(page.locator("#notice")).to_have_text(f"{effect.key} is failed")
+    expect(entry.locator(".status")).to_have_text("failed")
+    expect(entry.locator("button.resolve-failed")).to_have_count(0)
+    row = conn.execute(
+        "SELECT status, resolved_by FROM ledgerloop.activity_effect WHERE idempotency_key = %s",
+        (effect.key,),
+    ).fetchone()
+    assert row is not None
+    assert row["status"] == "failed"
+    assert row["resolved_by"].startswith("olga@example.com")
 
 
 def test_a_long_run_renders_in_chunks_and_a_large_result_is_cut(

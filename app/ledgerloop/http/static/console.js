@@ -10,6 +10,8 @@
   const DETAIL_CHARS = 20000; // of one entry's JSON shown before "show all"
   const POLL_MS = 1500;
   const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+  // Effects a person settles: the ledger could not tell whether the write happened.
+  const PARKED = new Set(["needs_human", "outcome_unknown"]);
   const byId = (id) => document.getElementById(id);
 
   class ApiError extends Error {
@@ -330,6 +332,22 @@
       reject.addEventListener("click", () => decide(node, entry.detail.id, "reject"));
       buttons.append(approve, reject);
     }
+    if (entry.kind === "effect" && PARKED.has(entry.status)) {
+      node.dataset.effectKey = entry.detail.key;
+      const note = el("input", "resolution");
+      note.type = "text";
+      note.maxLength = 1000;
+      note.placeholder = "reference, or why not";
+      const happened = el("button", "resolve-succeeded", "It happened");
+      const didNot = el("button", "resolve-failed", "It did not");
+      const retry = el("button", "resolve-retry", "Try again");
+      for (const b of [happened, didNot, retry]) b.type = "button";
+      const resolve = (body) => resolveEffect(node, entry.detail.key, body);
+      happened.addEventListener("click", () => resolve({ succeeded: note.value.trim() }));
+      didNot.addEventListener("click", () => resolve({ failed: note.value.trim() }));
+      retry.addEventListener("click", () => resolve({ retry: true }));
+      buttons.append(note, happened, didNot, retry);
+    }
     // The JSON goes into the page only when opened, and cut: a 1 MB result costs nothing
     // until someone asks for it.
     const details = part("details");
@@ -374,6 +392,19 @@
       });
       const decided = result.approval;
       show("notice", `${decided.status}: ${decided.tool} by ${decided.decided_by_name}`);
+      await loadRun(detail.runId);
+    });
+  }
+
+  function resolveEffect(node, key, body) {
+    return act(node, async () => {
+      // The key holds the model's tool call id: every character escaped in the path.
+      const effect = await api(`v1/effects/${encodeURIComponent(key)}/resolve`, {
+        method: "POST",
+        body: JSON.stringify(body),
+      });
+      show("notice", `${effect.key} is ${effect.status}`);
+      detail.signature = "";
       await loadRun(detail.runId);
     });
   }
