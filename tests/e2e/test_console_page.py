@@ -276,3 +276,107 @@ def test_a_real_run_approved_from_the_console_goes_on_live(
             worker.stop()
         assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
         assert httpx.get(f"{tickets.url}/_stats").json()["created"] == 1
+
+
+#: A first write, then a model call that fails the run (the scripted server answers 500 once);
+#: asked again, the model makes a second write and answers.
+FAILS_AFTER_A_WRITE = """
+default:
+  turns:
+    - tool_use: {name: ticket_plain, input: {title: "first"}}
+    - status: 500
+      times: 1
+      then:
+        tool_use: {name: ticket_plain, input: {title: "second"}}
+    - text: "Filed both."
+"""
+
+
+def test_a_failed_run_forked_from_its_last_model_call_succeeds_delivering_each_write_once(
+    browser: Browser,
+    db_url: str,
+    conn: Conn,
+    make_token: MakeToken,
+    make_settings: Callable[..., Any],
+    scripted_model: Callable[[str], ScriptedModelServer],
+) -> None:
+    model = scripted_model(FAILS_AFTER_A_WRITE)
+    app = create_app(db_url, agent_names=AGENTS, prices=PRICES)
+    with TicketServiceThread() as tickets, ServerThread(app) as server:
+        settings = make_settings(
+            anthropic_base_url=model.url,
+            agent_modules="tests.support.agents",
+            destinations={"tickets": tickets.url},
+        )
+        options = WorkerOptions(services=build_services(settings, http=False, relay=True))
+        worker = WorkerThread(settings, db_url, options).start()
+        context = browser.new_context(base_url=server.url, viewport={"width": 1280, "height": 900})
+        try:
+            run_id = start_test_run(conn, "writer", "file two tickets")
+            assert wait_terminal(conn, run_id).status is RunStatus.FAILED
+            assert httpx.get(f"{tickets.url}/_stats").json()["created"] == 1
+            token = make_token("runner", name="rui@example.com")
+            auth = {"Authorization": f"Bearer {token}"}
+            thinks = [
+                e["detail"]["function_id"]
+                for e in httpx.get(f"{server.url}/v1/runs/{run_id}/timeline", headers=auth).json()[
+                    "entries"
+                ]
+                if e["kind"] == "step" and e["name"].startswith("think-")
+            ]
+            assert len(thinks) == 2  # think-0 wrote "first"; think-1's model call failed
+
+            # Bad fork points are refused plainly.
+            def refused(from_step: int) -> dict[str, Any]:
+                answer = httpx.post(
+                    f"{server.url}/v1/runs/{run_id}/fork",
+                    json={"from_step": from_step},
+                    headers=auth,
+                )
+                assert answer.status_code == 422, answer.text
+                error: dict[str, Any] = answer.json()["error"]
+                return error
+
+            assert refused(999)["message"].startswith(f"run {run_id} never reached step 999")
+            not_a_call = refused(1)
+            assert (
+                not_a_call["message"]
+                == f"step 1 of run {run_id} is 'memory-load', not a model call"
+            )
+            assert (
+                not_a_call["fix"]
+                == f"fork from a think step: {thinks[0]} (think-0), {thinks[1]} (think-1)"
+            )
+
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(f"/console#/runs/{run_id}")
+            sign_in(page, token)
+            expect(page.locator("#run-status")).to_have_text("failed")
+            last_call = page.locator('li.entry[data-name="think-1"]')
+            last_call.locator("button.fork").click()
+            expect(page.locator("#notice")).to_contain_text(f"forked {run_id} at step {thinks[1]}")
+            expect(page.locator("#run-parent a.parent-link")).to_have_text(str(run_id))
+            # The fork asks the model again, which now files the second ticket and answers.
+            expect(page.locator("#run-status")).to_have_text("succeeded", timeout=30_000)
+            fork_id = page.locator("#run-id").text_content()
+            assert fork_id
+            assert fork_id != str(run_id)
+            effects = page.locator('li.entry[data-kind="effect"]')
+            expect(effects).to_have_count(1)  # its own write; "first" stays the parent's
+            expect(effects.locator(".facts")).to_contain_text(f"key {fork_id}:")
+            assert errors == []
+        finally:
+            context.close()
+            worker.stop()
+        # One delivery per effect: the parent's "first" once (the fork did not send it
+        # again), the fork's "second" once.
+        assert httpx.get(f"{tickets.url}/_stats").json()["created"] == 2
+        keys = conn.execute(
+            "SELECT run_id, status FROM ledgerloop.activity_effect ORDER BY created_at"
+        ).fetchall()
+        assert [(str(k["run_id"]), k["status"]) for k in keys] == [
+            (str(run_id), "succeeded"),
+            (fork_id, "succeeded"),
+        ]

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ledgerloop.approvals.principals import RUNNER, Principal
 from ledgerloop.control.cancel import cancel_run
+from ledgerloop.control.fork import fork_run
 from ledgerloop.control.timeline import run_timeline
 from ledgerloop.db.connect import tenant_scope
 from ledgerloop.http.auth import Caller, Connection, with_role
@@ -132,6 +133,22 @@ class TimelineOut(BaseModel):
         default=None, description="The model calls' cost by the price table; null if unpriced"
     )
     unpriced_calls: int = Field(default=0, description="Model calls whose model has no price")
+
+
+class ForkRun(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    from_step: int = Field(
+        ge=1,
+        description="The think step to ask the model again from: its `detail.function_id` in "
+        "the timeline",
+    )
+
+
+class ForkOut(BaseModel):
+    run: RunOut
+    parent_id: uuid.UUID
+    from_step: int
 
 
 class CancellationOut(BaseModel):
@@ -326,3 +343,25 @@ def cancel(
         approvals_cancelled=done.approvals_cancelled,
         workflow_cancelled=done.workflow_cancelled,
     )
+
+
+@router.post(
+    "/{run_id}/fork",
+    status_code=201,
+    response_model=ForkOut,
+    responses=responses(400, 401, 403, 404, 409, 413, 415, 422),
+    summary="A new run from a finished run's model call: its journal up to there is the parent's",
+)
+def fork(
+    run_id: uuid.UUID, body: ForkRun, principal: Runner, conn: Connection, request: Request
+) -> ForkOut:
+    # Another tenant's run is not found (404); one still executing is 409; a step it never
+    # reached, or one that is not a model call, 422 listing the steps it may fork from.
+    done = fork_run(
+        conn,
+        run_id,
+        from_step=body.from_step,
+        workflows=request.app.state.dbos,
+        tenant_id=principal.tenant_id,
+    )
+    return ForkOut(run=RunOut.of(done.run), parent_id=done.parent.id, from_step=body.from_step)

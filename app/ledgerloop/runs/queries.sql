@@ -231,3 +231,10 @@ UPDATE ledgerloop.agent_run
 SET journal_purged_at = now()
 WHERE id = ANY(%(ids)s) AND status IN ('succeeded', 'failed', 'cancelled')
   AND journal_purged_at IS NULL
+
+-- name: run_fork_link
+-- A fork's link to its parent (control/fork.py), written with the fork's row, before its
+-- workflow exists: the workflow reads it to know it may run under its own id.
+UPDATE ledgerloop.agent_run
+SET state = state || jsonb_build_object('forked_from', %(forked_from)s::jsonb)
+WHERE id = %(id)s

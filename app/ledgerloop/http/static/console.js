@@ -183,7 +183,7 @@
 
   // -- one run -------------------------------------------------------------------------
 
-  const detail = { runId: null, shown: CHUNK, entries: [], signature: "" };
+  const detail = { runId: null, status: null, shown: CHUNK, entries: [], signature: "" };
 
   async function loadRun(runId) {
     if (detail.runId !== runId) Object.assign(detail, { runId, shown: CHUNK, signature: "" });
@@ -200,6 +200,7 @@
     )}`;
     if (signature !== detail.signature) {
       detail.signature = signature;
+      detail.status = data.run.status;
       detail.entries = data.entries;
       renderTurns();
     }
@@ -215,6 +216,16 @@
     status.className = `status status-${run.status}`;
     text(byId("run-agent"), run.agent);
     text(byId("run-created"), stamp(run.created_at));
+    const parent = byId("run-parent");
+    const forkedFrom = (run.state || {}).forked_from;
+    parent.replaceChildren();
+    if (forkedFrom) {
+      const link = el("a", "parent-link", forkedFrom.run_id);
+      link.href = `#/runs/${encodeURIComponent(forkedFrom.run_id)}`;
+      parent.append(link, el("span", "", ` from step ${forkedFrom.from_step}`));
+    } else {
+      text(parent, "none");
+    }
     text(byId("run-totals"), totals(data));
     byId("cancel").hidden = TERMINAL.has(run.status);
   }
@@ -348,6 +359,14 @@
       retry.addEventListener("click", () => resolve({ retry: true }));
       buttons.append(note, happened, didNot, retry);
     }
+    if (entry.kind === "step" && /^think-\d+$/.test(entry.name) && !entry.detail.workflow_id &&
+        TERMINAL.has(detail.status)) {
+      const fork = el("button", "fork", "Fork from here");
+      fork.type = "button";
+      fork.title = "A new run that asks the model again from this call";
+      fork.addEventListener("click", () => forkFrom(node, entry.detail.function_id));
+      buttons.append(fork);
+    }
     // The JSON goes into the page only when opened, and cut: a 1 MB result costs nothing
     // until someone asks for it.
     const details = part("details");
@@ -406,6 +425,18 @@
       show("notice", `${effect.key} is ${effect.status}`);
       detail.signature = "";
       await loadRun(detail.runId);
+    });
+  }
+
+  function forkFrom(node, fromStep) {
+    const parentId = detail.runId;
+    return act(node, async () => {
+      const forked = await api(`v1/runs/${encodeURIComponent(parentId)}/fork`, {
+        method: "POST",
+        body: JSON.stringify({ from_step: fromStep }),
+      });
+      show("notice", `forked ${parentId} at step ${fromStep} as ${forked.run.id}`);
+      location.hash = `#/runs/${encodeURIComponent(forked.run.id)}`;
     });
   }
 
