@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 from ledgerloop.approvals.store import ApprovalStatus, approval_get
 from ledgerloop.db.connect import Conn
 from ledgerloop.examples.ticket_service import TicketServiceThread
+from ledgerloop.fleet.views import runs_stuck
 from ledgerloop.http.app import create_app
 from ledgerloop.models.scripted_server import ScriptedModelServer
 from ledgerloop.pricing import ModelPrice
@@ -385,3 +386,11 @@ def test_a_failed_run_forked_from_its_last_model_call_succeeds_delivering_each_w
             (str(run_id), "succeeded"),
             (fork_id, "succeeded"),
         ]
+        # A fork's workflow names its parent in its input, as a stray second workflow of the
+        # parent would; `runs stuck` must not take one for the other, should the fork's end
+        # in ERROR (the test marks it so: a fork that fails ends its workflow normally).
+        conn.execute(
+            "UPDATE dbos.workflow_status SET status = 'ERROR' WHERE workflow_uuid = %s",
+            (fork_id,),
+        )
+        assert [s.problem for s in runs_stuck(conn, stale_after_s=5)] == []
