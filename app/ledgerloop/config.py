@@ -29,6 +29,7 @@ from pydantic_settings import (
 )
 
 from ledgerloop.errors import ConfigError
+from ledgerloop.pricing import ModelPrice
 
 DEFAULT_CONFIG_FILE = "dbos-config.yaml"
 DEFAULT_TENANT = uuid.UUID(int=0)
@@ -131,6 +132,9 @@ class Settings(BaseSettings):
     #: after the server's Retry-After, each wait capped at model_refusal_max_wait_s.
     model_refusal_attempts: int = Field(default=5, ge=1, le=100)
     model_refusal_max_wait_s: float = Field(default=60.0, ge=0, le=3600)
+    #: USD per million tokens by model (ledgerloop.pricing), as JSON:
+    #: {"claude-haiku-4-5": {"input_per_mtok": 1, "output_per_mtok": 5}}. Unset: no costs.
+    model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     # Budgets: constants counted per run, never requests in a prompt.
     #: Model turns per run: every think of the run's agents and of its child episodes.

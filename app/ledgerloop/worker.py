@@ -158,7 +158,7 @@ def check_sandbox_tools(policy: PolicyFile, tools: dict[str, Tool]) -> None:
 
 def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Runtime:
     """Everything that can fail on bad configuration, checked before anything starts."""
-    from ledgerloop.telemetry import configure_telemetry
+    from ledgerloop.telemetry import configure_telemetry, get_telemetry
 
     load_agent_modules(settings.agent_modules)
     policy = load_policy(settings.policy_file)
@@ -166,6 +166,8 @@ def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Run
     model = make_model_client(settings)
     ensure_current(url)
     configure_telemetry(console=trace_console)
+    if settings.model_prices:  # the cost metric's price table
+        get_telemetry().prices = settings.model_prices
     pool = make_pool(url, min_size=2, max_size=settings.pool_size, name="ledgerloop-worker")
     timings = FleetTimings(settings.heartbeat_s, settings.stale_after_s)
     return Runtime(

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import Browser, sync_playwright
 
 from ledgerloop.approvals.preview import render_preview
 from ledgerloop.approvals.principals import principal_create
@@ -26,6 +29,18 @@ from ledgerloop.runs.start import start_run
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runs.store import run_require, run_transition
 from ledgerloop.testing.postgres import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+#: Debian's Chromium (no browser can be downloaded here), driven by Playwright.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 #: The agents the test app knows (the factory takes names; no worker runs them here).
 AGENTS = frozenset({"ops", "looper"})
@@ -75,6 +90,19 @@ class ServerThread:
         assert not self._thread.is_alive(), "the HTTP server did not stop"
         if self.error is not None:
             raise self.error
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One headless Chromium per test module (the approval page's and the console's)."""
+    if not CHROMIUM.exists():
+        subprocess.run([REPO / "scripts" / "install-browser"], check=True)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        yield launched
+        launched.close()
 
 
 @pytest.fixture

@@ -4,14 +4,12 @@ driven by Playwright against a real server and database."""
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from dbos import DBOSClient
-from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
 from ledgerloop.approvals.store import ApprovalStatus, approval_get
 from ledgerloop.control.cancel import cancel_run
@@ -19,27 +17,6 @@ from ledgerloop.db.connect import Conn
 from tests.e2e.conftest import MakeToken, ServerThread, run_awaiting_approval
 
 pytestmark = pytest.mark.e2e
-
-REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        subprocess.run([REPO / "scripts" / "install-browser"], check=True)
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

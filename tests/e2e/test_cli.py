@@ -102,6 +102,7 @@ def test_runs_start_list_and_show(invoke: Invoke, conn: Conn) -> None:
     assert shown.exit_code == 0, shown.output
     tree = shown.stdout
     assert f"run {waiting.run_id}" in tree
+    assert "awaiting_approval  cost $0.0000" in tree  # no model call yet
     for line in ("event    received", "event    planning", "event    awaiting_approval"):
         assert line in tree
     assert "approval write_ticket  [pending]" in tree

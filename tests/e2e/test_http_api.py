@@ -227,7 +227,7 @@ def test_unexpected_failures_are_a_generic_500_and_logged(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("internal detail the caller must not see")
 
-    monkeypatch.setattr("ledgerloop.http.routes_runs.run_list", broken)
+    monkeypatch.setattr("ledgerloop.http.routes_runs.run_page", broken)
     token = make_token("viewer")
     with caplog.at_level(logging.ERROR, logger="ledgerloop.http"):
         response = http.get("/v1/runs", headers=bearer(token))

@@ -168,6 +168,7 @@ def test_the_wheel_holds_every_data_file_of_the_package(wheel: Path) -> None:
         if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
     }
     assert "ledgerloop/http/static/approvals.html" in data
+    assert "ledgerloop/http/static/console.js" in data
     assert "ledgerloop/models/scripts/ops_demo.yaml" in data
     with zipfile.ZipFile(wheel) as archive:
         shipped = set(archive.namelist())
@@ -231,6 +232,11 @@ def test_demo_and_the_approval_page_work_from_the_wheel(
             assert "<html" in page.text.lower()
             for asset in ("approvals.js", "approvals.css"):
                 assert asset in page.text
+                assert http.get(f"/static/{asset}").status_code == 200, asset
+            console = http.get("/console")
+            assert console.status_code == 200, console.text[:500]
+            for asset in ("console.js", "console.css"):
+                assert asset in console.text
                 assert http.get(f"/static/{asset}").status_code == 200, asset
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()

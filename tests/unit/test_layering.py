@@ -20,7 +20,7 @@ SOURCE = Path(__file__).resolve().parents[2] / "app"
 #: Lowest first. The package's own `__init__` (the public facade) sits above all of them.
 LAYERS: list[set[str]] = [
     # The HTTP API's client: it imports nothing of the server.
-    {"version", "errors", "faults", "client"},
+    {"version", "errors", "faults", "client", "pricing"},
     # Which URL runs through a pooler: registered by config, read by every connection.
     {"db.pooling"},
     {"config", "failures", "telemetry"},

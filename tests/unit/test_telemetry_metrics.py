@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from ledgerloop.pricing import ModelPrice
 from ledgerloop.telemetry import semconv as sc
 from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.telemetry.spans import Telemetry, agent_span, chat_span, empty_turn
@@ -201,3 +202,16 @@ def test_agent_duration_equals_span_duration(measured: Measured) -> None:
     assert span.end_time is not None
     assert point.sum == pytest.approx((span.end_time - span.start_time) / 1e9, abs=1e-9)
     assert dict(point.attributes)[sc.GEN_AI_REQUEST_MODEL] == "claude-haiku-4-5"
+
+
+def test_model_calls_are_costed_by_the_price_table(measured: Measured) -> None:
+    measured.tel.prices = {
+        "claude-haiku-4-5": ModelPrice(input_per_mtok=1.0, output_per_mtok=5.0),
+    }
+    chat(measured.tel)  # responds as claude-haiku-4-5-20260101: priced by its family's entry
+    chat(measured.tel, model="unpriced-model")
+    (point,) = measured.points("ledgerloop.gen_ai.client.cost")
+    assert measured.metrics()["ledgerloop.gen_ai.client.cost"].unit == "USD"
+    # 1,100 input tokens (cache reads included) at $1/M and 20 output at $5/M.
+    assert point.value == pytest.approx((1100 * 1.0 + 20 * 5.0) / 1_000_000)
+    assert point.attributes[sc.GEN_AI_RESPONSE_MODEL] == "claude-haiku-4-5-20260101"

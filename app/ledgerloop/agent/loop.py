@@ -22,6 +22,8 @@ them), so a resumed run makes the same decisions it made before.
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from contextlib import nullcontext
 from typing import Any
 
@@ -45,10 +47,12 @@ from ledgerloop.agent.primitives import (
 )
 from ledgerloop.agent.stepping import QUEUE_NAME, WORKFLOW_NAME
 from ledgerloop.agent.tracing import count_call
+from ledgerloop.effects.hashing import inherited_calls
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.faults import hit
 from ledgerloop.fleet.guard import executing
 from ledgerloop.runs.states import RunStatus
+from ledgerloop.runs.store import run_get
 from ledgerloop.runtime import get_runtime
 from ledgerloop.telemetry.executions import Execution, execution_span
 from ledgerloop.telemetry.runtrace import RunFacts, under_root
@@ -67,6 +71,14 @@ async def ledgerloop_run(run_id: str) -> dict[str, Any]:
     # the same run (enqueued by hand, or by a role that could write DBOS's tables) would
     # pay for the run's model calls again; it ends here, before any step, in ERROR, where
     # `ledgerloop runs stuck` lists it.
+    workflow_id = DBOS.workflow_id
+    if workflow_id is not None and workflow_id != run_id:
+        # A fork (control/fork.py): its own run, whose journal up to the fork point is its
+        # parent's; DBOS gave it the parent's input. It runs as itself from here on.
+        inherited = await _fork_of(workflow_id, run_id)
+        if inherited is not None:
+            run_id = workflow_id
+            inherited_calls.set((run_id, inherited))
     if DBOS.workflow_id != run_id:
         raise ForeignWorkflow(
             f"workflow {DBOS.workflow_id} is not run {run_id}'s own workflow (whose id is the "
@@ -79,6 +91,26 @@ async def ledgerloop_run(run_id: str) -> dict[str, Any]:
             return await _execute(run_id)
         finally:
             forget_workflow(run_id)  # what its steps kept for a retry (agent.keep)
+
+
+async def _fork_of(workflow_id: str, parent_id: str) -> dict[str, str] | None:
+    """The calls a fork inherited (call id -> the run that asked for it) when workflow
+    `workflow_id` is a fork of run `parent_id`, else None. Read outside a step: the link is
+    written before the fork's workflow exists and never changes, so a replay reads the same."""
+    try:
+        fork_id = uuid.UUID(workflow_id)
+    except ValueError:
+        return None
+
+    def read() -> dict[str, Any] | None:
+        with get_runtime().pool.connection() as conn:
+            found = run_get(conn, fork_id)
+        return found.state.get("forked_from") if found is not None else None
+
+    forked = await asyncio.to_thread(read)
+    if not isinstance(forked, dict) or forked.get("run_id") != parent_id:
+        return None
+    return {str(k): str(v) for k, v in (forked.get("inherited_calls") or {}).items()}
 
 
 async def _execute(run_id: str) -> dict[str, Any]:

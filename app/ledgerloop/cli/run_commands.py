@@ -129,18 +129,25 @@ def runs_show(
     from rich.markup import escape
     from rich.tree import Tree
 
+    from ledgerloop.config import load_settings
     from ledgerloop.control.timeline import dbos_client, run_timeline
 
+    prices = load_settings().model_prices
     # Our connection first: an unreachable database is then one line of ours, not DBOS's
     # client logging its own connection errors first.
     with connection(tenant) as conn:
         steps = dbos_client(database_url())
         try:
-            timeline = run_timeline(conn, run_id, steps=steps)
+            timeline = run_timeline(conn, run_id, steps=steps, prices=prices)
         finally:
             steps.destroy()
     run = timeline.run
-    tree = Tree(f"[bold]run {run.id}[/]  {escape(run.agent)}  [bold]{run.status.value}[/]")
+    cost = f"${timeline.cost_usd or 0:.4f}"
+    if timeline.unpriced_calls:
+        cost += f" + {timeline.unpriced_calls} unpriced model call(s)"
+    tree = Tree(
+        f"[bold]run {run.id}[/]  {escape(run.agent)}  [bold]{run.status.value}[/]  cost {cost}"
+    )
     for entry in timeline.entries:
         status = f"  [{entry.status}]" if entry.status else ""
         node = tree.add(

@@ -2,13 +2,16 @@
 
 Events, effects and approvals are read on the caller's connection (inside `tenant_scope` only
 the tenant's own); steps come from DBOS through its client API (`list_workflow_steps`), never
-from DBOS's tables. Step outputs stay out: they hold model text and can be large. A step's
-error message is kept, cut to a readable length.
+from DBOS's tables. Step outputs stay out: they hold model text and can be large. Of a model
+call (a think step's output) only the facts are kept: model, tokens, stop reason, latency,
+the tools it asked for and their arguments, never its text. A step's error message is kept,
+cut to a readable length.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
@@ -19,6 +22,7 @@ from ledgerloop.approvals.store import Approval, approval_list
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.errors import translated
 from ledgerloop.effects.ledger import Effect, effect_list
+from ledgerloop.pricing import ModelPrice, cost_usd
 from ledgerloop.runs.store import Run, RunEvent, run_events, run_require
 
 Kind = Literal["event", "step", "effect", "approval"]
@@ -103,12 +107,23 @@ class Timeline:
     run: Run
     entries: list[Entry]
     truncated: bool
+    #: The model calls' cost by the price table (those shown); None when none is priced.
+    cost_usd: float | None = None
+    #: Model calls whose model has no price (their cost is not in cost_usd).
+    unpriced_calls: int = 0
 
 
-def run_timeline(conn: Conn, run_id: uuid.UUID, *, steps: StepSource | None) -> Timeline:
+def run_timeline(
+    conn: Conn,
+    run_id: uuid.UUID,
+    *,
+    steps: StepSource | None,
+    prices: Mapping[str, ModelPrice] | None = None,
+) -> Timeline:
     """The run's timeline. Raises RunNotFound (also for a run the connection cannot see).
 
-    `steps=None` leaves the workflow's steps out (a caller with no DBOS access).
+    `steps=None` leaves the workflow's steps out (a caller with no DBOS access). `prices`:
+    the price table (ledgerloop.pricing) each model call is costed by.
     """
     run = run_require(conn, run_id)
     events = run_events(conn, run_id)[:MAX_ITEMS]
@@ -134,8 +149,10 @@ def run_timeline(conn: Conn, run_id: uuid.UUID, *, steps: StepSource | None) -> 
         *(_approval(a) for a in approvals),
     ]
     entries.sort(key=lambda e: (e.at, _ORDER[e.kind]))
+    _mark_cut_off(entries)
     truncated = any(len(items) >= MAX_ITEMS for items in (events, infos, effects, approvals))
-    return Timeline(run, entries, truncated)
+    total, unpriced = _costs(entries, prices or {})
+    return Timeline(run, entries, truncated, total, unpriced)
 
 
 def _event(event: RunEvent) -> Entry:
@@ -166,6 +183,11 @@ def _step(info: StepInfo, workflow_id: str | None = None) -> Entry:
         detail["child_workflow_id"] = info["child_workflow_id"]
     if workflow_id is not None:
         detail["workflow_id"] = workflow_id  # a child episode's step
+    call = _model_call(info.get("output"))
+    if call is not None:
+        if started and completed:
+            call["latency_ms"] = int((completed - started).total_seconds() * 1000)
+        detail["model_call"] = call
     # A step recorded without a start time (DBOS's own bookkeeping rows) sorts at its end.
     at = started or completed or datetime.now(UTC)
     return Entry(at, "step", info["function_name"], status, detail)
@@ -205,3 +227,58 @@ def _approval(approval: Approval) -> Entry:
             "decided_at": approval.decided_at.isoformat() if approval.decided_at else None,
         },
     )
+
+
+def _model_call(output: Any) -> dict[str, Any] | None:
+    """The facts of a think step's model response (agent/steps.py, compact_response)."""
+    response = output.get("response") if isinstance(output, dict) else None
+    if not isinstance(response, dict) or "usage" not in response:
+        return None
+    usage = response.get("usage") or {}
+    uses = [
+        block
+        for block in response.get("content") or []
+        if isinstance(block, dict) and block.get("type") == "tool_use"
+    ]
+    return {
+        "model": response.get("model"),
+        "stop_reason": response.get("stop_reason"),
+        "input_tokens": usage.get("input_tokens"),
+        "output_tokens": usage.get("output_tokens"),
+        "tool_uses": [str(block.get("name")) for block in uses],
+        "tool_calls": [
+            {"id": block.get("id"), "name": block.get("name"), "input": block.get("input")}
+            for block in uses
+        ],
+    }
+
+
+def _mark_cut_off(entries: list[Entry]) -> None:
+    """A step that started and never finished, while a later step of the same workflow did
+    run: the execution running it was cut off (a crash, a kill) and another resumed after."""
+    last_start: dict[str | None, datetime] = {}
+    for entry in entries:
+        if entry.kind == "step":
+            last_start[entry.detail.get("workflow_id")] = entry.at
+    for entry in entries:
+        if entry.kind == "step" and entry.status == "running":
+            later = last_start.get(entry.detail.get("workflow_id"))
+            if later is not None and later > entry.at:
+                entry.detail["cut_off"] = True
+
+
+def _costs(entries: list[Entry], prices: Mapping[str, ModelPrice]) -> tuple[float | None, int]:
+    """Cost each model call in place; the total of the priced ones and how many were not."""
+    total: float | None = None
+    unpriced = 0
+    for entry in entries:
+        call = entry.detail.get("model_call")
+        if call is None:
+            continue
+        cost = cost_usd(prices, call["model"], call["input_tokens"], call["output_tokens"])
+        call["cost_usd"] = cost
+        if cost is None:
+            unpriced += 1
+        else:
+            total = (total or 0.0) + cost
+    return total, unpriced

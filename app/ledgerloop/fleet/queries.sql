@@ -260,6 +260,12 @@ JOIN dbos.workflow_input i ON i.workflow_uuid = w.workflow_uuid
 JOIN ledgerloop.agent_run r
   ON r.id::text = substring(i.inputs FROM '"positionalArgs"\s*:\s*\[\s*"([0-9a-f-]{36})"')
 WHERE w.status = 'ERROR' AND w.name = 'ledgerloop_run' AND w.workflow_uuid <> r.id::text
+  -- A fork of the run (control/fork.py) runs under its own id with its parent's input: a
+  -- run of its own, listed (if at all) as itself above.
+  AND NOT EXISTS (
+    SELECT 1 FROM ledgerloop.agent_run f
+    WHERE f.id = CASE WHEN w.workflow_uuid ~ '^[0-9a-f-]{36}$' THEN w.workflow_uuid::uuid END
+      AND f.state -> 'forked_from' ->> 'run_id' = r.id::text)
 ORDER BY updated_at
 LIMIT %(limit)s
 

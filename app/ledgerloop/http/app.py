@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import email.message
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
@@ -38,6 +38,7 @@ from ledgerloop.http.routes_effects import router as effects_router
 from ledgerloop.http.routes_events import READS_AT_ONCE, read_as_owner
 from ledgerloop.http.routes_events import router as events_router
 from ledgerloop.http.routes_runs import router as runs_router
+from ledgerloop.pricing import ModelPrice
 from ledgerloop.streams.hub import RunEventHub
 from ledgerloop.streams.source import NotificationSource, PgListener
 
@@ -62,9 +63,11 @@ def create_app(
     agent_names: Iterable[str],
     pool_max_size: int = 10,
     notifications: NotificationSource | None = None,
+    prices: Mapping[str, ModelPrice] | None = None,
 ) -> FastAPI:
     """`notifications`: where the run event streams hear of new events; by default a
-    LISTEN connection of the app's own (streams/source.py)."""
+    LISTEN connection of the app's own (streams/source.py). `prices`: the model price table
+    timelines are costed by (LEDGERLOOP_MODEL_PRICES)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -108,6 +111,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.agent_names = frozenset(agent_names)
+    app.state.prices = dict(prices or {})
     install_error_handlers(app)
     app.add_middleware(BodyGuard)
     app.include_router(runs_router)

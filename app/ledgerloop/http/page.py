@@ -1,4 +1,5 @@
-"""The approval page: plain HTML, CSS and JS from this package, no build step, nothing external.
+"""The approval page and the run console: plain HTML, CSS and JS from this package, no build
+step, nothing external.
 
 The page holds no secret: the approver types a token, the script keeps it in sessionStorage
 (gone with the tab) and sends it as a Bearer token to the same /v1 API everyone else uses.
@@ -38,6 +39,9 @@ _MEDIA_TYPES = {
     "approvals.html": "text/html; charset=utf-8",
     "approvals.js": "text/javascript; charset=utf-8",
     "approvals.css": "text/css; charset=utf-8",
+    "console.html": "text/html; charset=utf-8",
+    "console.js": "text/javascript; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
 }
 
 
@@ -63,3 +67,20 @@ def approvals_script() -> Response:
 @router.get("/static/approvals.css")
 def approvals_style() -> Response:
     return _static("approvals.css")
+
+
+@router.get("/console")
+def console_page() -> Response:
+    """The run console (static/console.js): runs, their timelines, and the actions on them,
+    all through the same /v1 API and token as the approval page."""
+    return _static("console.html")
+
+
+@router.get("/static/console.js")
+def console_script() -> Response:
+    return _static("console.js")
+
+
+@router.get("/static/console.css")
+def console_style() -> Response:
+    return _static("console.css")

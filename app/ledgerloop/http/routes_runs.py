@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -11,11 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ledgerloop.approvals.principals import RUNNER, Principal
 from ledgerloop.control.cancel import cancel_run
+from ledgerloop.control.fork import fork_run
 from ledgerloop.control.timeline import run_timeline
 from ledgerloop.db.connect import tenant_scope
 from ledgerloop.http.auth import Caller, Connection, with_role
 from ledgerloop.http.errors import (
     IdempotencyKeyReused,
+    InvalidRequest,
     UnknownAgent,
     json_storable,
     responses,
@@ -23,7 +27,7 @@ from ledgerloop.http.errors import (
 )
 from ledgerloop.runs.start import MAX_INPUT_DEPTH, depth_problem, input_too_deep, start_run
 from ledgerloop.runs.states import RunStatus
-from ledgerloop.runs.store import Run, run_list, run_require
+from ledgerloop.runs.store import Run, RunFilter, run_counts, run_page, run_require
 from ledgerloop.telemetry.runtrace import run_start_span
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -105,6 +109,12 @@ class RunOut(BaseModel):
 
 class RunList(BaseModel):
     runs: list[RunOut]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; null on the last"
+    )
+    counts: dict[str, int] | None = Field(
+        default=None, description="Matching runs by status (with counts=true)"
+    )
 
 
 class EntryOut(BaseModel):
@@ -119,6 +129,26 @@ class TimelineOut(BaseModel):
     run: RunOut
     entries: list[EntryOut]
     truncated: bool = Field(description="True when the run has more items than are shown")
+    cost_usd: float | None = Field(
+        default=None, description="The model calls' cost by the price table; null if unpriced"
+    )
+    unpriced_calls: int = Field(default=0, description="Model calls whose model has no price")
+
+
+class ForkRun(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    from_step: int = Field(
+        ge=1,
+        description="The think step to ask the model again from: its `detail.function_id` in "
+        "the timeline",
+    )
+
+
+class ForkOut(BaseModel):
+    run: RunOut
+    parent_id: uuid.UUID
+    from_step: int
 
 
 class CancellationOut(BaseModel):
@@ -198,11 +228,61 @@ def list_runs(
     conn: Connection,
     status: RunStatus | None = None,
     agent: Annotated[str | None, Query(max_length=64)] = None,
+    run_id: Annotated[uuid.UUID | None, Query(description="Only this run")] = None,
+    idempotency_key: Annotated[
+        str | None, Query(max_length=255, description="Only the run this key started")
+    ] = None,
+    created_after: Annotated[
+        datetime | None, Query(description="Runs created at or after this instant")
+    ] = None,
+    created_before: Annotated[
+        datetime | None, Query(description="Runs created before this instant")
+    ] = None,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=200, description="`next_cursor` of the previous page"),
+    ] = None,
+    counts: Annotated[
+        bool, Query(description="Also count the matching runs by status (reads them all)")
+    ] = False,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> RunList:
+    where = RunFilter(
+        tenant_id=principal.tenant_id,
+        status=status,
+        agent=agent,
+        run_id=run_id,
+        idempotency_key=idempotency_key,
+        created_after=created_after,
+        created_before=created_before,
+    )
+    after = cursor_decode(cursor) if cursor else None
     with tenant_scope(conn, principal.tenant_id):
-        runs = run_list(conn, status=status, agent=agent, limit=limit)
-    return RunList(runs=[RunOut.of(run) for run in runs])
+        page = run_page(conn, where, limit=limit, after=after)
+        by_status = run_counts(conn, where) if counts else None
+    return RunList(
+        runs=[RunOut.of(run) for run in page.runs],
+        next_cursor=cursor_encode(*page.after) if page.after else None,
+        counts=by_status,
+    )
+
+
+def cursor_encode(created_at: datetime, run_id: uuid.UUID) -> str:
+    """The position after a run, opaque to clients: they pass it back unchanged."""
+    raw = json.dumps([created_at.isoformat(), str(run_id)], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def cursor_decode(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        at, run_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        return datetime.fromisoformat(at), uuid.UUID(run_id)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(
+            f"cursor {cursor[:40]!r} is not one this API gave out",
+            fix="pass the next_cursor of the previous page unchanged, or leave it out",
+        ) from exc
 
 
 @router.get(
@@ -223,11 +303,15 @@ def timeline(
     run_id: uuid.UUID, request: Request, principal: Caller, conn: Connection
 ) -> TimelineOut:
     with tenant_scope(conn, principal.tenant_id):
-        found = run_timeline(conn, run_id, steps=request.app.state.dbos)
+        found = run_timeline(
+            conn, run_id, steps=request.app.state.dbos, prices=request.app.state.prices
+        )
     return TimelineOut(
         run=RunOut.of(found.run),
         entries=[EntryOut.model_validate(entry, from_attributes=True) for entry in found.entries],
         truncated=found.truncated,
+        cost_usd=found.cost_usd,
+        unpriced_calls=found.unpriced_calls,
     )
 
 
@@ -259,3 +343,25 @@ def cancel(
         approvals_cancelled=done.approvals_cancelled,
         workflow_cancelled=done.workflow_cancelled,
     )
+
+
+@router.post(
+    "/{run_id}/fork",
+    status_code=201,
+    response_model=ForkOut,
+    responses=responses(400, 401, 403, 404, 409, 413, 415, 422),
+    summary="A new run from a finished run's model call: its journal up to there is the parent's",
+)
+def fork(
+    run_id: uuid.UUID, body: ForkRun, principal: Runner, conn: Connection, request: Request
+) -> ForkOut:
+    # Another tenant's run is not found (404); one still executing is 409; a step it never
+    # reached, or one that is not a model call, 422 listing the steps it may fork from.
+    done = fork_run(
+        conn,
+        run_id,
+        from_step=body.from_step,
+        workflows=request.app.state.dbos,
+        tenant_id=principal.tenant_id,
+    )
+    return ForkOut(run=RunOut.of(done.run), parent_id=done.parent.id, from_step=body.from_step)

@@ -133,5 +133,5 @@ async def serve_http(runtime: Runtime, stop: asyncio.Event) -> None:
     # A failure here (the port is taken) stops the worker; run_worker re-raises it, so
     # `ledgerloop up` exits 2 with that one line.
     sock = listen(settings.http_host, settings.http_port)
-    app = create_app(runtime.database_url, agent_names=agents())
+    app = create_app(runtime.database_url, agent_names=agents(), prices=settings.model_prices)
     await run_server(app, sock, stop, wait_for_database=True)

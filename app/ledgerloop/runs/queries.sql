@@ -53,13 +53,36 @@ WHERE run_id = %(run_id)s
 ORDER BY sequence
 
 -- name: run_list
+-- One keyset page, newest first (migration 0030's indexes): after the cursor's
+-- (created_at, id), never an offset. Run unprepared (runs/store.py), so each absent filter
+-- folds away and the page is one index range scan.
 SELECT id, tenant_id, agent, status, state, input, idempotency_key, version,
        created_at, updated_at
 FROM ledgerloop.agent_run
-WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+WHERE (%(tenant_id)s::uuid IS NULL OR tenant_id = %(tenant_id)s::uuid)
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(agent)s::text IS NULL OR agent = %(agent)s::text)
-ORDER BY created_at DESC, id
+  AND (%(run_id)s::uuid IS NULL OR id = %(run_id)s::uuid)
+  AND (%(idempotency_key)s::text IS NULL OR idempotency_key = %(idempotency_key)s::text)
+  AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(after_at)s::timestamptz, %(after_id)s::uuid))
+ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
+
+-- name: run_counts
+-- How many runs of each status match the list's filters (not its status or cursor). It
+-- reads every matching index entry: asked for with counts=true, not on every page.
+SELECT status, count(*) AS runs
+FROM ledgerloop.agent_run
+WHERE (%(tenant_id)s::uuid IS NULL OR tenant_id = %(tenant_id)s::uuid)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s::text)
+  AND (%(run_id)s::uuid IS NULL OR id = %(run_id)s::uuid)
+  AND (%(idempotency_key)s::text IS NULL OR idempotency_key = %(idempotency_key)s::text)
+  AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+GROUP BY status
 
 -- name: cancel_request_add
 -- In the cancelling transaction: the run's workflow is to be cancelled through DBOS.
@@ -208,3 +231,10 @@ UPDATE ledgerloop.agent_run
 SET journal_purged_at = now()
 WHERE id = ANY(%(ids)s) AND status IN ('succeeded', 'failed', 'cancelled')
   AND journal_purged_at IS NULL
+
+-- name: run_fork_link
+-- A fork's link to its parent (control/fork.py), written with the fork's row, before its
+-- workflow exists: the workflow reads it to know it may run under its own id.
+UPDATE ledgerloop.agent_run
+SET state = state || jsonb_build_object('forked_from', %(forked_from)s::jsonb)
+WHERE id = %(id)s

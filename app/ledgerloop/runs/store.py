@@ -335,14 +335,70 @@ def run_events(conn: Conn, run_id: uuid.UUID) -> list[RunEvent]:
     return [RunEvent(**row) for row in rows]
 
 
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a list shows; None is "any". `tenant_id` None: every tenant's (the CLI as
+    the owner); the HTTP API always passes the caller's."""
+
+    tenant_id: uuid.UUID | None = None
+    status: RunStatus | None = None
+    agent: str | None = None
+    run_id: uuid.UUID | None = None
+    idempotency_key: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "tenant_id": self.tenant_id,
+            "status": self.status.value if self.status else None,
+            "agent": self.agent,
+            "run_id": self.run_id,
+            "idempotency_key": self.idempotency_key,
+            "created_after": self.created_after,
+            "created_before": self.created_before,
+        }
+
+
+@dataclass(frozen=True)
+class RunPage:
+    runs: list[Run]
+    #: (created_at, id) of the last run shown when more may follow, else None.
+    after: tuple[datetime, uuid.UUID] | None
+
+
+def run_page(
+    conn: Conn,
+    where: RunFilter,
+    *,
+    limit: int = 50,
+    after: tuple[datetime, uuid.UUID] | None = None,
+) -> RunPage:
+    """One page of runs, newest first, strictly after `after` (a keyset, not an offset: a
+    page costs the same on the thousandth page as on the first)."""
+    at, last_id = after if after else (None, None)
+    # Unprepared: a prepared generic plan keeps every `IS NULL OR` branch and may scan the
+    # tenant; a custom plan folds the absent filters away and uses the matching index.
+    rows = conn.execute(
+        Q["run_list"],
+        {**where.params(), "after_at": at, "after_id": last_id, "limit": limit + 1},
+        prepare=False,
+    ).fetchall()
+    runs = [Run.from_row(row) for row in rows[:limit]]
+    more = len(rows) > limit
+    return RunPage(runs, (runs[-1].created_at, runs[-1].id) if more else None)
+
+
+def run_counts(conn: Conn, where: RunFilter) -> dict[str, int]:
+    """Runs per status matching `where` (its status aside); reads every matching entry."""
+    rows = conn.execute(Q["run_counts"], where.params(), prepare=False).fetchall()
+    return {row["status"]: row["runs"] for row in rows}
+
+
 def run_list(
     conn: Conn, *, status: RunStatus | None = None, agent: str | None = None, limit: int = 50
 ) -> list[Run]:
-    rows = conn.execute(
-        Q["run_list"],
-        {"status": status.value if status else None, "agent": agent, "limit": limit},
-    ).fetchall()
-    return [Run.from_row(row) for row in rows]
+    return run_page(conn, RunFilter(status=status, agent=agent), limit=limit).runs
 
 
 __all__ = [
@@ -351,15 +407,19 @@ __all__ = [
     "Outcome",
     "Run",
     "RunEvent",
+    "RunFilter",
     "RunNotFound",
+    "RunPage",
     "RunStopped",
     "StaleRun",
     "Transition",
+    "run_counts",
     "run_create",
     "run_ensure_status",
     "run_events",
     "run_get",
     "run_list",
+    "run_page",
     "run_require",
     "run_transition",
 ]

@@ -108,3 +108,11 @@ class Instruments:
             unit=sc.UNIT_RUN,
             description="Unfinished runs the sweeper settled (their workflow ended without them).",
         )
+
+    @cached_property
+    def model_cost(self) -> Counter:
+        return self._meter.create_counter(
+            sc.METRIC_MODEL_COST,
+            unit=sc.UNIT_USD,
+            description="What model calls cost by the configured price table (priced models only).",
+        )

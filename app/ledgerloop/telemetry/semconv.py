@@ -190,6 +190,9 @@ METRIC_EMPTY_TURNS: Final = "ledgerloop.agent.empty_turns"
 METRIC_LOST_CALLS: Final = "ledgerloop.agent.lost_calls"
 #: Runs the sweeper settled because their workflow had ended, vanished or outlived the run.
 METRIC_RUNS_SWEPT: Final = "ledgerloop.runs.swept"
+#: Ledgerloop's own: what model calls cost by the configured price table (ledgerloop.pricing).
+METRIC_MODEL_COST: Final = "ledgerloop.gen_ai.client.cost"
+UNIT_USD: Final = "USD"
 
 UNIT_SECONDS: Final = "s"
 UNIT_TOKEN: Final = "{token}"  # noqa: S105 - a unit, not a secret

@@ -41,6 +41,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
+from ledgerloop.pricing import ModelPrice, cost_usd
 from ledgerloop.telemetry import content
 from ledgerloop.telemetry import semconv as sc
 from ledgerloop.telemetry.content import CaptureMode, capture_mode_from_env
@@ -68,8 +69,12 @@ class Telemetry:
         meter_provider: MeterProvider | None = None,
         logger_provider: LoggerProvider | None = None,
         capture: CaptureMode | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
     ) -> None:
         self.tracer_provider = tracer_provider
+        #: The model price table (LEDGERLOOP_MODEL_PRICES) the cost metric is counted by;
+        #: the worker sets the default's from its settings.
+        self.prices: Mapping[str, ModelPrice] = dict(prices or {})
         self.tracer = trace.get_tracer(
             sc.SCOPE_NAME, __version__, tracer_provider, schema_url=sc.SCHEMA_URL
         )
@@ -364,6 +369,12 @@ class ChatRecorder:
                 ins.client_token_usage.record(
                     count, {**metric_attrs, sc.GEN_AI_TOKEN_TYPE: token_type}
                 )
+            model = metric_attrs.get(sc.GEN_AI_RESPONSE_MODEL) or metric_attrs.get(
+                sc.GEN_AI_REQUEST_MODEL
+            )
+            cost = cost_usd(self._tel.prices, str(model) if model else None, *self._usage)
+            if cost is not None:
+                ins.model_cost.add(cost, metric_attrs)
         if error_type:
             metric_attrs[sc.ERROR_TYPE] = error_type
         ins.client_operation_duration.record(_elapsed_s(start_ns, end_ns), metric_attrs)
