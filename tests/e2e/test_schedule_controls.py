@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime
 
@@ -14,6 +16,7 @@ from ledgerloop.cli import cli
 from ledgerloop.db.connect import Conn
 from ledgerloop.schedules.definition import Schedule
 from ledgerloop.schedules.store import schedule_declare, schedule_get
+from ledgerloop.testing.processes import REPO, worker_env
 from tests.e2e.conftest import MakeToken, bearer
 
 NIGHTLY = Schedule("nightly-triage", "0 2 * * *", {"message": "triage"}, agent="ops")
@@ -79,3 +82,30 @@ def test_http_reads_for_any_token_and_changes_for_operators_of_the_tenant(
     again = http.post("/v1/schedules/nightly-triage/trigger", headers=headers)
     assert again.json()["run_id"] == first.json()["run_id"]
     assert schedule_get(conn, "nightly-triage").last_run_id == uuid.UUID(first.json()["run_id"])
+
+
+@pytest.mark.parametrize(
+    ("wrong", "says"),
+    [
+        ("agent", "schedule 'nightly' is for agent 'ghost', which no module"),
+        ("cron", "schedule 'nightly': cron '0 2 * *' does not parse: '0 2 * *' has 4 fields"),
+    ],
+)
+def test_a_worker_with_a_wrong_schedule_refuses_to_start(
+    db_url: str, wrong: str, says: str
+) -> None:
+    env = worker_env(
+        db_url,
+        LEDGERLOOP_AGENT_MODULES="ledgerloop.examples.ops_agent,tests.support.bad_schedules",
+        LEDGERLOOP_TEST_BAD_SCHEDULE=wrong,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "ledgerloop.cli", "up", "--no-http"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr
