@@ -85,7 +85,19 @@ async def keep_schedules(
                 if schedule_declare(conn, schedule, clock()):
                     log.info("schedule %s: definition written (%s)", schedule.name, schedule.cron)
 
-    await asyncio.to_thread(declare)
+    while True:
+        try:
+            await asyncio.to_thread(declare)
+            break
+        except Exception:
+            # A worker starting while the database blinks keeps its schedules all the same.
+            log.exception(
+                "writing schedule definitions failed; trying again in %.0f s", RETRY_FAILED_S
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), RETRY_FAILED_S)
+        if stop.is_set():
+            return
     # The tick each schedule was last seen decided by this worker: asked again only once a
     # later tick is due (or the row was locked).
     seen: dict[str, datetime | None] = {s.name: None for s in schedules}
