@@ -131,6 +131,15 @@ class Settings(BaseSettings):
     #: after the server's Retry-After, each wait capped at model_refusal_max_wait_s.
     model_refusal_attempts: int = Field(default=5, ge=1, le=100)
     model_refusal_max_wait_s: float = Field(default=60.0, ge=0, le=3600)
+    #: The model provider's limits, shared by every worker on the database (models/limits.py):
+    #: requests and input tokens per minute for all tiers together, and per tier. Unset: no
+    #: limit kept here (each worker still honours a 429's Retry-After).
+    model_rpm: int | None = Field(default=None, gt=0)
+    model_input_tpm: int | None = Field(default=None, gt=0)
+    model_rpm_cheap: int | None = Field(default=None, gt=0)
+    model_rpm_strong: int | None = Field(default=None, gt=0)
+    model_input_tpm_cheap: int | None = Field(default=None, gt=0)
+    model_input_tpm_strong: int | None = Field(default=None, gt=0)
 
     # Budgets: constants counted per run, never requests in a prompt.
     #: Model turns per run: every think of the run's agents and of its child episodes.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from ledgerloop.fleet.guard import borrow_guard
 from ledgerloop.fleet.heartbeat import FleetTimings, Heartbeat, Rewind
 from ledgerloop.mcptools.client import close_connections
 from ledgerloop.models.client import make_model_client
+from ledgerloop.models.limits import FleetLimiter, ModelLimits
 from ledgerloop.runtime import Runtime, install
 from ledgerloop.sandbox import require_backend
 from ledgerloop.schedules.ticker import check_schedules, keep_schedules
@@ -175,6 +176,11 @@ def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Run
     ensure_current(url)
     configure_telemetry(console=trace_console)
     pool = make_pool(url, min_size=2, max_size=settings.pool_size, name="ledgerloop-worker")
+    limits = ModelLimits.from_settings(settings)
+    if limits.per_minute:
+        limiter = FleetLimiter(pool, limits)
+        limiter.declare()
+        model = replace(model, limiter=limiter)
     timings = FleetTimings(settings.heartbeat_s, settings.stale_after_s)
     return Runtime(
         settings=settings,

@@ -166,6 +166,10 @@ def _step(info: StepInfo, workflow_id: str | None = None) -> Entry:
         detail["child_workflow_id"] = info["child_workflow_id"]
     if workflow_id is not None:
         detail["workflow_id"] = workflow_id  # a child episode's step
+    # A think step that waited for the fleet's model budget (models/limits.py) says how long.
+    output = info.get("output")
+    if isinstance(output, dict) and output.get("budget_wait_s"):
+        detail["budget_wait_s"] = output["budget_wait_s"]
     # A step recorded without a start time (DBOS's own bookkeeping rows) sorts at its end.
     at = started or completed or datetime.now(UTC)
     return Entry(at, "step", info["function_name"], status, detail)
