@@ -15,12 +15,17 @@ import anthropic
 import pytest
 
 from ledgerloop.config import load_settings
+from ledgerloop.control.timeline import run_timeline
 from ledgerloop.db.connect import Conn, make_pool
 from ledgerloop.errors import ConfigError
 from ledgerloop.models.client import ModelClient, Tier
 from ledgerloop.models.limits import FleetLimiter, ModelLimits
 from ledgerloop.models.script import parse_script
 from ledgerloop.models.scripted_server import ScriptedModelServer
+from ledgerloop.runs.states import RunStatus
+from ledgerloop.testing.worker import WorkerThread
+from tests.conftest import start_test_run, wait_terminal
+from tests.support.telemetry import Captured
 
 
 def client_for(url: str, limiter: FleetLimiter | None) -> ModelClient:
@@ -141,3 +146,39 @@ def test_a_zero_or_negative_limit_is_refused(
         monkeypatch.setenv(f"LEDGERLOOP_{setting}", value)
         with pytest.raises(ConfigError, match=f"set LEDGERLOOP_{setting}"):
             load_settings()
+
+
+def test_a_runs_wait_for_the_budget_shows_in_its_timeline_and_trace(
+    conn: Conn,
+    make_settings: Any,
+    db_url: str,
+    scripted_model: Any,
+    captured: Captured,
+    dbos_client: Any,
+) -> None:
+    model = scripted_model("default:\n  turns:\n    - {text: done}\n")
+    # One call a second: of three runs started together, the last waits about 2 s.
+    settings = make_settings(
+        anthropic_base_url=model.url, model_rpm=60, agent_modules="tests.support.agents"
+    )
+    with WorkerThread(settings, db_url):
+        runs = [start_test_run(conn, "ops", f"limited {i}") for i in range(3)]
+        for run_id in runs:
+            assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    waits = []
+    for run_id in runs:
+        timeline = run_timeline(conn, run_id, steps=dbos_client)
+        waits += [
+            e.detail["budget_wait_s"]
+            for e in timeline.entries
+            if e.kind == "step" and "budget_wait_s" in (e.detail or {})
+        ]
+    assert max(waits) >= 1.5
+    events = [
+        event
+        for span in captured.by_kind("chat")
+        for event in span.events
+        if event.name == "ledgerloop.model.budget_wait"
+    ]
+    assert len(events) == len(waits)
+    assert dict(events[0].attributes or {})["ledgerloop.budget"] == "requests"
