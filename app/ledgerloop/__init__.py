@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ledgerloop.models.client import Tier
     from ledgerloop.runs.start import start_run
     from ledgerloop.runs.states import RunStatus
+    from ledgerloop.schedules.definition import Schedule, register_schedule
     from ledgerloop.tools.errors import NonRetryableToolError, RetryableToolError
     from ledgerloop.tools.files import file_tools
     from ledgerloop.tools.registry import (
@@ -71,6 +72,9 @@ _EXPORTS: dict[str, str] = {
     "RetryableToolError": "ledgerloop.tools.errors",
     "NonRetryableToolError": "ledgerloop.tools.errors",
     "file_tools": "ledgerloop.tools.files",
+    # Runs on a cron expression, one per tick for the fleet
+    "Schedule": "ledgerloop.schedules.definition",
+    "register_schedule": "ledgerloop.schedules.definition",
     # Durable primitives, for custom orchestrations
     "orchestration": "ledgerloop.agent.orchestration",
     "RunContext": "ledgerloop.agent.context",
@@ -124,6 +128,7 @@ __all__ = [
     "RunContext",
     "RunStatus",
     "SandboxCommand",
+    "Schedule",
     "Settings",
     "Stop",
     "Thought",
@@ -142,6 +147,7 @@ __all__ = [
     "orchestration",
     "read_tool",
     "register_agent",
+    "register_schedule",
     "remember",
     "run_episode",
     "run_turns",

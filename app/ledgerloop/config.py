@@ -135,6 +135,15 @@ class Settings(BaseSettings):
     #: USD per million tokens by model (ledgerloop.pricing), as JSON:
     #: {"claude-haiku-4-5": {"input_per_mtok": 1, "output_per_mtok": 5}}. Unset: no costs.
     model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    #: The model provider's limits, shared by every worker on the database (models/limits.py):
+    #: requests and input tokens per minute for all tiers together, and per tier. Unset: no
+    #: limit kept here (each worker still honours a 429's Retry-After).
+    model_rpm: int | None = Field(default=None, gt=0)
+    model_input_tpm: int | None = Field(default=None, gt=0)
+    model_rpm_cheap: int | None = Field(default=None, gt=0)
+    model_rpm_strong: int | None = Field(default=None, gt=0)
+    model_input_tpm_cheap: int | None = Field(default=None, gt=0)
+    model_input_tpm_strong: int | None = Field(default=None, gt=0)
 
     # Budgets: constants counted per run, never requests in a prompt.
     #: Model turns per run: every think of the run's agents and of its child episodes.

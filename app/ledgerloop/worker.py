@@ -12,12 +12,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ledgerloop.agent import dbos_step_start
-from ledgerloop.agent.definition import Agent, agents, agents_from, load_agent_modules
+from ledgerloop.agent.definition import (
+    Agent,
+    agents,
+    agents_from,
+    load_agent_modules,
+    schedules_from,
+)
 from ledgerloop.config import Settings
 from ledgerloop.db import dbos_checkpoint, dbos_journal, pooling
 from ledgerloop.db.connect import guard_borrows, make_pool, watch_connections
@@ -31,8 +37,10 @@ from ledgerloop.fleet.guard import borrow_guard
 from ledgerloop.fleet.heartbeat import FleetTimings, Heartbeat, Rewind
 from ledgerloop.mcptools.client import close_connections
 from ledgerloop.models.client import make_model_client
+from ledgerloop.models.limits import FleetLimiter, ModelLimits
 from ledgerloop.runtime import Runtime, install
 from ledgerloop.sandbox import require_backend
+from ledgerloop.schedules.ticker import check_schedules, keep_schedules
 from ledgerloop.tools.policy import SANDBOX_FIELDS, PolicyFile, load_policy
 from ledgerloop.tools.policy_check import argument_problems
 from ledgerloop.tools.registry import Tool, ToolKind
@@ -163,12 +171,18 @@ def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Run
     load_agent_modules(settings.agent_modules)
     policy = load_policy(settings.policy_file)
     check_policy_tools(policy, settings.agent_modules, policy_file=settings.policy_file)
+    check_schedules(schedules_from(settings.agent_modules), agents())
     model = make_model_client(settings)
     ensure_current(url)
     configure_telemetry(console=trace_console)
     if settings.model_prices:  # the cost metric's price table
         get_telemetry().prices = settings.model_prices
     pool = make_pool(url, min_size=2, max_size=settings.pool_size, name="ledgerloop-worker")
+    limits = ModelLimits.from_settings(settings)
+    if limits.per_minute:
+        limiter = FleetLimiter(pool, limits)
+        limiter.declare()
+        model = replace(model, limiter=limiter)
     timings = FleetTimings(settings.heartbeat_s, settings.stale_after_s)
     return Runtime(
         settings=settings,
@@ -267,6 +281,10 @@ async def run_worker(
         dispatcher.start()
         runtime.dispatcher = dispatcher
         tasks.append(asyncio.create_task(sandbox_reaper(runtime, stop), name="sandbox reaper"))
+        schedules = schedules_from(settings.agent_modules)
+        tasks.append(
+            asyncio.create_task(keep_schedules(runtime.pool, schedules, stop), name="schedules")
+        )
         for service in options.services:
             name = getattr(service, "__name__", "a service").removesuffix("_service")
             tasks.append(asyncio.create_task(service(runtime, stop), name=f"service {name}"))

@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"db", "sandbox", "fleet.fence"},
     {"models", "tools", "runs", "effects"},
     # Live run streams: read the run store, fanned out over one LISTEN (under http).
-    {"approvals", "mcptools", "streams"},
+    {"approvals", "mcptools", "streams", "schedules"},
     # The effects' services: they deliver over HTTP (effects.delivery) and MCP (mcptools).
     {"runtime", "effects.relay", "effects.reconciler"},
     # Liveness, takeover, the step fence and dispatch: under the agent, whose steps it fences.

@@ -12,6 +12,8 @@ from typing import Any
 
 from ledgerloop.errors import ConfigError
 from ledgerloop.models.client import Tier
+from ledgerloop.schedules.definition import Schedule, registered_from
+from ledgerloop.schedules.ticker import for_agent
 from ledgerloop.tools.registry import Tool
 
 
@@ -33,6 +35,8 @@ class Agent:
     #: content blocks. By default, `input["message"]` when it is a string, else the whole
     #: input as JSON. Called once per run, in `memory-load` (a resumed run reuses the result).
     first_message: Callable[[dict[str, Any]], str | list[dict[str, Any]]] | None = None
+    #: Runs made on a cron expression (schedules/definition.py), one per tick for the fleet.
+    schedules: tuple[Schedule, ...] = ()
 
     def user_message(self, run_input: dict[str, Any]) -> str | list[dict[str, Any]]:
         """The first user message of a run with this input."""
@@ -84,6 +88,14 @@ def agents_from(modules: Iterable[str]) -> list[Agent]:
     """The agents registered by these modules (in this process, others may be registered)."""
     wanted = set(modules)
     return [agent for name, agent in _AGENTS.items() if _ORIGINS.get(name) in wanted]
+
+
+def schedules_from(modules: Iterable[str]) -> list[Schedule]:
+    """The schedules a worker with these agent modules keeps: those its agents declare and
+    those the modules register by agent name."""
+    modules = tuple(modules)
+    declared = [s for agent in agents_from(modules) for s in for_agent(agent.name, agent.schedules)]
+    return declared + registered_from(modules)
 
 
 def get_agent(name: str) -> Agent | None:

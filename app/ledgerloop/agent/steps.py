@@ -329,6 +329,9 @@ async def _ask(
             failed = {"error": error, "model": model, "tier": tier, "now": time.time()}
             return {**failed, **read_results}, save
         response = answer
+        # How long the call waited for the fleet's model budget (models/limits.py): kept in
+        # the step's result, where the timeline shows it.
+        budget_wait = response.pop("rate_limit_wait_s", None)
         recorder.record_response(response)
         recorder.record_content(messages, response, agent.system)
     if is_empty_turn(response):
@@ -340,6 +343,8 @@ async def _ask(
         "now": time.time(),
         **read_results,
     }
+    if budget_wait:
+        result["budget_wait_s"] = budget_wait
     return result, save
 
 

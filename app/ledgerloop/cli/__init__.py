@@ -14,6 +14,7 @@ from ledgerloop.cli.deploy_commands import deploy_cli
 from ledgerloop.cli.effect_commands import effects_cli
 from ledgerloop.cli.exiting import process_ends_after
 from ledgerloop.cli.run_commands import runs_cli
+from ledgerloop.cli.schedule_commands import schedules_cli
 from ledgerloop.cli.schema import db_cli
 
 __all__ = ["cli", "main", "user_errors"]
@@ -30,6 +31,7 @@ cli.add_typer(runs_cli, name="runs")
 cli.add_typer(approvals_cli, name="approvals")
 cli.add_typer(approvers_cli, name="approvers")
 cli.add_typer(effects_cli, name="effects")
+cli.add_typer(schedules_cli, name="schedules")
 cli.add_typer(deploy_cli, name="deploy")
 cli.command("demo")(processes.demo)
 cli.command("relay")(processes.relay)

@@ -164,13 +164,16 @@ def scripted_model(
     port: int = typer.Option(8765, help="Port on 127.0.0.1 (0 picks a free one)."),
     host: str = typer.Option("127.0.0.1"),
     log: Path | None = typer.Option(None, help="Append every request here as JSON lines."),
+    rpm_limit: int | None = typer.Option(
+        None, min=1, help="Answer 429 (with Retry-After) past this many requests a minute."
+    ),
 ) -> None:
     """Serve the scripted Messages API (POST /v1/messages) for demos and tests."""
     from ledgerloop.models.script import load_script
     from ledgerloop.models.scripted_server import serve
 
     load_script(script)  # a bad script is one clear error before anything listens
-    serve(script, host, port, log)
+    serve(script, host, port, log, rpm_limit)
 
 
 @user_errors

@@ -188,6 +188,10 @@ def _step(info: StepInfo, workflow_id: str | None = None) -> Entry:
         if started and completed:
             call["latency_ms"] = int((completed - started).total_seconds() * 1000)
         detail["model_call"] = call
+    # A think step that waited for the fleet's model budget (models/limits.py) says how long.
+    output = info.get("output")
+    if isinstance(output, dict) and output.get("budget_wait_s"):
+        detail["budget_wait_s"] = output["budget_wait_s"]
     # A step recorded without a start time (DBOS's own bookkeeping rows) sorts at its end.
     at = started or completed or datetime.now(UTC)
     return Entry(at, "step", info["function_name"], status, detail)

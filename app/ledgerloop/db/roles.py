@@ -35,6 +35,8 @@ SCOPE_TABLE_RIGHTS = {
     "outbox": "SELECT, INSERT, UPDATE",
     "approval": "SELECT",
     "run_message": "SELECT, INSERT",
+    # Operators list, pause, resume and trigger a tenant's schedules (migration 0034).
+    "schedule": "SELECT, UPDATE",
 }
 #: Functions a scoped statement calls (policies read current_tenant).
 SCOPE_FUNCTIONS = (

@@ -38,6 +38,7 @@ from ledgerloop.http.routes_effects import router as effects_router
 from ledgerloop.http.routes_events import READS_AT_ONCE, read_as_owner
 from ledgerloop.http.routes_events import router as events_router
 from ledgerloop.http.routes_runs import router as runs_router
+from ledgerloop.http.routes_schedules import router as schedules_router
 from ledgerloop.pricing import ModelPrice
 from ledgerloop.streams.hub import RunEventHub
 from ledgerloop.streams.source import NotificationSource, PgListener
@@ -118,6 +119,7 @@ def create_app(
     app.include_router(events_router)
     app.include_router(approvals_router)
     app.include_router(effects_router)
+    app.include_router(schedules_router)
     app.include_router(page_router)
 
     def openapi() -> dict[str, Any]:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import anthropic
@@ -81,6 +81,14 @@ def refusal_wait(exc: BaseException, attempt: int, policy: RefusalRetry) -> floa
     return backoff if never_sent else None
 
 
+class Limiter(Protocol):
+    """The fleet's model limits (models/limits.py): a call waits its turn, a 429 is shared."""
+
+    async def before_call(self, tier: str, request: dict[str, Any]) -> float: ...
+
+    async def after_refusal(self, tier: str, retry_after_s: float) -> None: ...
+
+
 class Tier(StrEnum):
     CHEAP = "cheap"
     STRONG = "strong"
@@ -103,6 +111,8 @@ class ModelClient:
     server_address: str
     server_port: int
     retry: RefusalRetry = field(default_factory=RefusalRetry)
+    #: The fleet's limits, when configured (set by the worker once its pool exists).
+    limiter: Limiter | None = None
     #: The SDK clients made so far, and the calls under way on each (both touched only by
     #: the event loop the calls run on).
     _clients: list[anthropic.AsyncAnthropic] = field(init=False, repr=False, compare=False)
@@ -119,6 +129,13 @@ class ModelClient:
             raise ConfigError(
                 f"unknown model tier {tier!r}", fix=f"use one of {[t.value for t in Tier]}"
             ) from None
+
+    def tier_of(self, model: object) -> str:
+        """The tier a model name serves (the cheap one for a model no tier names)."""
+        for tier, name in self.tiers.items():
+            if name == model:
+                return tier.value
+        return Tier.CHEAP.value
 
     def in_flight(self) -> list[int]:
         """Calls under way on each connection pool (tests read it)."""
@@ -146,16 +163,27 @@ class ModelClient:
         A refusal (429, 529, connection refused) is tried again after the server's
         Retry-After (or a doubling backoff), each wait capped, within `retry.max_attempts`;
         anything else, a timeout after sending above all, is raised at once.
+
+        With the fleet's limits configured, each attempt first waits its turn (the response
+        then says how long, in `rate_limit_wait_s`), and a 429 is owed by the whole fleet.
         """
         attempt = 0
+        waited = 0.0
+        tier = self.tier_of(request.get("model"))
         while True:
             attempt += 1
+            if self.limiter is not None:
+                waited += await self.limiter.before_call(tier, request)
             try:
                 message = await self._send(request)
             except Exception as exc:
                 wait = refusal_wait(exc, attempt, self.retry)
                 if wait is None or attempt >= self.retry.max_attempts:
                     raise
+                if self.limiter is not None and getattr(exc, "status_code", None) == 429:
+                    # Owed by the fleet: the next attempt's turn (above) comes after it.
+                    await self.limiter.after_refusal(tier, wait)
+                    wait = 0.0
                 log.info(
                     "model call refused (%s); attempt %d of %d in %.1f s",
                     getattr(exc, "status_code", type(exc).__name__),
@@ -166,6 +194,8 @@ class ModelClient:
                 await asyncio.sleep(wait)
                 continue
             data: dict[str, Any] = message.model_dump(mode="json")
+            if waited > 0:
+                data["rate_limit_wait_s"] = round(waited, 3)
             return data
 
     async def _send(self, request: dict[str, Any]) -> anthropic.types.Message:

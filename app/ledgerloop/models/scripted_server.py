@@ -13,11 +13,13 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import signal
 import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -95,8 +97,12 @@ def _invalid_reason(request: object) -> str | None:
 class _Responder:
     """Chooses the scripted answer for each request and records it. Thread-safe."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, rpm_limit: int | None = None) -> None:
         self._script = script
+        #: Requests answered per minute, as a provider enforces it: over a sliding minute,
+        #: the request past the limit gets a 429 with the seconds until one leaves.
+        self._rpm_limit = rpm_limit
+        self._accepted: deque[float] = deque()
         self._lock = threading.Lock()
         self._records: list[JSON] = []
         self._seq = 0
@@ -146,6 +152,8 @@ class _Responder:
             record = {"seq": self._seq, "at": time.time(), **record}
             if reason is not None:
                 answer, outcome = _error(400, reason), "invalid"
+            elif (limited := self._over_limit(record["at"])) is not None:
+                answer, outcome = limited, "rate_limited"
             else:
                 answer, outcome = self._choose(request, len(raw), record)
             record.update(status=answer.status, outcome=outcome)
@@ -154,6 +162,19 @@ class _Responder:
                 self._log_file.write(json.dumps(record) + "\n")
                 self._log_file.flush()
         return answer
+
+    def _over_limit(self, now: float) -> _Answer | None:
+        """A 429 when this request would pass the per-minute limit; call with the lock held."""
+        if self._rpm_limit is None:
+            return None
+        while self._accepted and self._accepted[0] <= now - 60:
+            self._accepted.popleft()
+        if len(self._accepted) >= self._rpm_limit:
+            retry = max(1, math.ceil(self._accepted[0] + 60 - now))
+            message = f"rate limit: {self._rpm_limit} requests per minute"
+            return _error(429, message, {"retry-after": str(retry)})
+        self._accepted.append(now)
+        return None
 
     def _choose(self, request: JSON, size: int, record: JSON) -> tuple[_Answer, str]:
         """Pick the answer for a valid request; call with the lock held."""
@@ -320,10 +341,11 @@ class ScriptedModelServer:
         host: str = "127.0.0.1",
         port: int = 0,
         log_path: Path | None = None,
+        rpm_limit: int | None = None,
     ) -> None:
         self._address = (host, port)
         self._log_path = log_path
-        self._responder = _Responder(script)
+        self._responder = _Responder(script, rpm_limit)
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._log_file: TextIO | None = None
@@ -398,6 +420,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 0,
     log_path: Path | None = None,
+    rpm_limit: int | None = None,
 ) -> None:
     """Serve ``script_path`` until SIGINT or SIGTERM."""
     script = load_script(script_path)
@@ -409,7 +432,7 @@ def serve(
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with ScriptedModelServer(script, host, port, log_path) as server:
+        with ScriptedModelServer(script, host, port, log_path, rpm_limit) as server:
             print(f"scripted model listening on {server.url}", flush=True)
             while not received:
                 time.sleep(0.1)
@@ -427,9 +450,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--log", type=Path, default=None, help="append one JSON line per request")
+    parser.add_argument(
+        "--rpm-limit", type=int, default=None, help="answer 429 past this many requests a minute"
+    )
     args = parser.parse_args(argv)
     try:
-        serve(args.script, args.host, args.port, args.log)
+        serve(args.script, args.host, args.port, args.log, args.rpm_limit)
     except ScriptError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return 2
