@@ -58,6 +58,7 @@ from ledgerloop.faults import hit
 from ledgerloop.models.client import Tier
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runtime import get_runtime
+from ledgerloop.telemetry.executions import count_tokens
 from ledgerloop.tools.registry import Tool, ToolKind
 
 # wait_for_approval and write_effect, primitives too, live in approval_wait and effect_wait
@@ -299,6 +300,7 @@ async def _think(
     )
     if "response" in result:
         run.spent.add_usage(result["response"].get("usage"))
+        count_tokens(result["response"].get("usage"))  # the run's totals, for its root span
     if "pending" in result:
         # It ended at a pending write and asked the model nothing (its `-settled` step does).
         tracing.count_call("inference", -1)
