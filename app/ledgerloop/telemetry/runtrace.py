@@ -345,8 +345,22 @@ def run_start_span(
 ) -> Iterator[RunStart]:
     """``{METHOD} {route}`` (SERVER) around a request that starts a run: in the caller's trace
     when it sent a ``traceparent``, linked to the run's root (the run has a trace of its own:
-    it may outlive the request by hours). An exception marks it ERROR."""
+    it may outlive the request by hours). An exception marks it ERROR.
+
+    When the request already has a SERVER span (an instrumentation of the web framework,
+    such as opentelemetry-instrument's for FastAPI, opened it in the caller's trace), that
+    span is the request's one span: it gets the link and the run's id, and no second one is
+    made in a trace of its own."""
     tel = telemetry or get_telemetry()
+    current = trace.get_current_span()
+    if current.is_recording() and getattr(current, "kind", None) is SpanKind.SERVER:
+        current.set_attribute(sc.HTTP_ROUTE, route)
+        try:
+            yield RunStart(current)
+        except BaseException as exc:
+            _set_error(current, type(exc).__name__, str(exc))
+            raise
+        return  # the instrumentation ends it
     parent = parse_traceparent(incoming_traceparent)
     context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else Context()
     span = tel.tracer.start_span(
