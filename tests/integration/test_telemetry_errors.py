@@ -90,6 +90,32 @@ def test_failed_model_call_emits_its_details_event_when_content_is_captured(
         assert event.span_id == chat.context.span_id
 
 
+def test_every_execute_tool_span_has_a_description(
+    conn: Conn, scripted_model: Any, worker: Any, captured: Captured
+) -> None:
+    model = scripted_model(
+        """
+        default:
+          turns:
+            - tool_use: {name: no_such_tool, input: {}}
+            - tool_use: {name: echo, input: {text: hi}}
+            - text: done
+        """
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "looper", "hello")
+    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    tools = {
+        s.name: dict(s.attributes or {})
+        for s in _of_run(captured, run_id)
+        if s.name.startswith("execute_tool")
+    }
+    assert tools["execute_tool echo"]["gen_ai.tool.description"] == "Echo the text back."
+    unknown = tools["execute_tool no_such_tool"]
+    assert unknown["gen_ai.tool.description"] == "unknown tool 'no_such_tool'"
+    assert unknown["error.type"] == "UnknownTool"
+
+
 def test_failed_tool(conn: Conn, scripted_model: Any, worker: Any, captured: Captured) -> None:
     model = scripted_model(
         "default: {turns: [{tool_use: {name: denied, input: {key: k1}}}, {text: gave up}]}"
