@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from ledgerloop.cli import cli
 from ledgerloop.client import ApiError, AsyncClient, Client
 from ledgerloop.db.connect import Conn
 from ledgerloop.effects.testing import messages_for
@@ -194,6 +196,10 @@ def test_loop_reads_messages_at_its_turn_boundaries(
     assert "messages-0" in steps, steps
     assert "messages-2" in steps, steps
     assert not any(s.startswith("messages-1") for s in steps)
+    # The take comes before the echo it follows in the conversation (that read, which would
+    # have ridden think-2, ran as a step of its own): the journal holds the decision first.
+    (echo_step,) = [s for s in steps if s.startswith("tool-1-")]
+    assert steps.index("messages-2") + 1 == steps.index(echo_step) < steps.index("think-2")
     # The conversation memory holds each message once.
     saved = conn.execute(
         "SELECT content FROM ledgerloop.conversation_message WHERE run_id = %s",
@@ -203,6 +209,20 @@ def test_loop_reads_messages_at_its_turn_boundaries(
     assert memory.count("ALPHA: db-2 too") == 1
     assert memory.count("BRAVO: and db-3") == 1
     assert len(stored(conn, run_id)) == 2
+    # A deploy check replays the run against the code: its boundaries take where it took.
+    checked = CliRunner().invoke(
+        cli,
+        ["deploy", "check", "--json"],
+        env={
+            "LEDGERLOOP_DATABASE_URL": db_url,
+            "LEDGERLOOP_AGENT_MODULES": "tests.support.message_agents",
+            "LEDGERLOOP_POLICY_FILE": str(REPO / "tests" / "support" / "policy.yaml"),
+        },
+    )
+    assert checked.exit_code == 0, checked.output
+    report = json.loads(checked.stdout)
+    assert report["finished_sampled"] == 1
+    assert report["finished_diverging"] == 0, report
 
 
 def test_a_message_wakes_a_waiting_orchestration(

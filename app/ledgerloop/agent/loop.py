@@ -35,7 +35,12 @@ from ledgerloop.agent import dbos_waiters, tracing
 from ledgerloop.agent.context import Ended, Message, RunContext, Stop
 from ledgerloop.agent.hibernation import hibernating_allowed
 from ledgerloop.agent.keep import forget_workflow
-from ledgerloop.agent.messages import listening, messages_due, take_messages
+from ledgerloop.agent.messages import (
+    join_conversation,
+    listening,
+    messages_due,
+    take_messages,
+)
 from ledgerloop.agent.orchestration import get_orchestration
 from ledgerloop.agent.primitives import (
     act,
@@ -145,14 +150,16 @@ async def run_turns(run: RunContext, max_turns: int | None = None) -> dict[str, 
             return await finish(run, RunStatus.FAILED, "deadline_exceeded")
         if reads is not None and only_reads(run, reads["content"]) and await messages_due(run, i):
             # A message joins the conversation after the previous turn's tool results: its
-            # reads run as steps of their own here instead of inside this think step.
+            # reads run as steps of their own here instead of inside this think step. The
+            # messages are taken first, so the journal holds the decision before those steps.
+            received = await take_messages(run, i, join=False)
             calls = [c for c in reads["content"] if c.get("type") == "tool_use"]
             count_call("tool", -len(calls))  # counted when they were to ride
             stop = await _act_all(run, i - 1, reads)
             reads = None
             if stop is not None:
                 return await finish(run, stop.status, stop.reason, stop.details)
-            await take_messages(run, i)
+            join_conversation(run, received)
         elif reads is None and await messages_due(run, i):
             await take_messages(run, i)
         thought = await think(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -111,16 +111,28 @@ def _journal(run_id: str) -> tuple[int, frozenset[str]]:
     return int(row["journal_end"]), frozenset(row["taken_at"])
 
 
+#: Set by a replay harness (deploy.replay), outside a real workflow: whether the journal has
+#: an operation of a name, so a boundary takes messages where the run did.
+journal_ahead: contextvars.ContextVar[Callable[[str], bool] | None] = contextvars.ContextVar(
+    "ledgerloop_journal_ahead", default=None
+)
+
+
 async def messages_due(run: RunContext, i: int) -> bool:
     """Whether the boundary before turn `i` takes messages (workflow code, see above)."""
+    name = f"{run.scope}messages-{i}"
     inbox = _inbox.get()
-    return inbox is not None and await inbox.due(run, f"{run.scope}messages-{i}")
+    if inbox is None:
+        ahead = journal_ahead.get()
+        return ahead is not None and ahead(name)
+    return await inbox.due(run, name)
 
 
-async def take_messages(run: RunContext, i: int) -> list[Received]:
+async def take_messages(run: RunContext, i: int, *, join: bool = True) -> list[Received]:
     """Step `messages-{i}`: the run's pending messages join the conversation, oldest first,
     as text blocks of a user message (the last one, when the conversation ends with a user
-    message not yet in memory). Call it when `messages_due` says so."""
+    message not yet in memory). Call it when `messages_due` says so. `join=False`: taken,
+    and joined later (`join_conversation`), after the previous turn's tool results."""
     taken: list[dict[str, Any]] = await run_step(
         f"{run.scope}messages-{i}",
         CODE_STEP,
@@ -129,13 +141,17 @@ async def take_messages(run: RunContext, i: int) -> list[Received]:
         list(run.messages_taken),
     )
     received = [Received(m["id"], m["text"], m["sent_by"]) for m in taken]
-    if received:
-        run.messages_taken.extend(m.id for m in received)
-        _add_to_conversation(run, [{"type": "text", "text": m.text} for m in received])
+    run.messages_taken.extend(m.id for m in received)
+    if join:
+        join_conversation(run, received)
     return received
 
 
-def _add_to_conversation(run: RunContext, blocks: list[dict[str, Any]]) -> None:
+def join_conversation(run: RunContext, received: list[Received]) -> None:
+    """Messages taken by `take_messages(..., join=False)` join the conversation."""
+    if not received:
+        return
+    blocks = [{"type": "text", "text": m.text} for m in received]
     last = run.messages[-1] if run.messages else None
     if last is not None and last.get("role") == "user" and run.unsaved and run.unsaved[-1] is last:
         content = last["content"]
