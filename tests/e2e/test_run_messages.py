@@ -258,3 +258,24 @@ def test_a_message_wakes_a_waiting_orchestration(
     steps = journal_steps(conn, uuid.UUID(run_id))
     assert steps[:3] == ["memory-load", "message-wait-0", "DBOS.recv"], steps
     assert "message-wait-1-1" in steps
+
+
+def test_runs_send_from_the_command_line(
+    server: ServerThread, conn: Conn, make_token: MakeToken
+) -> None:
+    runner = make_token("runner")
+    run_id = start_test_run(conn, "looper", "hello")
+    env = {"LEDGERLOOP_URL": server.url, "LEDGERLOOP_TOKEN": runner}
+    args = ["runs", "send", str(run_id), "check db-2 as well", "--key", "cli-1"]
+    first = CliRunner().invoke(cli, args, env=env)
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(cli, args, env=env)
+    assert again.exit_code == 0, again.output
+    (row,) = stored(conn, run_id)
+    assert f"message {row['id']} sent to run {run_id} (key cli-1)" in first.stdout
+    assert first.stdout == again.stdout  # the same message
+    refused = CliRunner().invoke(
+        cli, ["runs", "send", str(run_id), "other text", "--key", "cli-1"], env=env
+    )
+    assert refused.exit_code == 2
+    assert "different content" in refused.output
