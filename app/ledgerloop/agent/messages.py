@@ -29,7 +29,7 @@ from typing import Any
 from ledgerloop.agent import dbos_waiters
 from ledgerloop.agent.context import Message, RunContext
 from ledgerloop.agent.hibernation import wait_message
-from ledgerloop.agent.stepping import CODE_STEP, pooled, run_step
+from ledgerloop.agent.stepping import CODE_STEP, pooled, pooled_autocommit, run_step
 from ledgerloop.db.sql import load_queries
 from ledgerloop.runs.messages import (
     MESSAGE_TOPIC,
@@ -78,7 +78,7 @@ class _Inbox:
             self.checked = True
             return bool(
                 await asyncio.to_thread(
-                    pooled(run_message_pending), run.run_id, list(run.messages_taken)
+                    pooled_autocommit(run_message_pending), run.run_id, list(run.messages_taken)
                 )
             )
         return False
