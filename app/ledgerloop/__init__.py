@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         remember,
         think,
         wait_for_approval,
+        wait_for_message,
         write_effect,
     )
     from ledgerloop.config import Settings, load_settings
@@ -89,6 +90,7 @@ _EXPORTS: dict[str, str] = {
     "act": "ledgerloop.agent.primitives",
     "call_read_tool": "ledgerloop.agent.primitives",
     "wait_for_approval": "ledgerloop.agent.primitives",
+    "wait_for_message": "ledgerloop.agent.primitives",
     "write_effect": "ledgerloop.agent.primitives",
     "finish": "ledgerloop.agent.primitives",
     "end_after_failure": "ledgerloop.agent.primitives",
@@ -156,6 +158,7 @@ __all__ = [
     "start_run",
     "think",
     "wait_for_approval",
+    "wait_for_message",
     "write_effect",
     "write_tool",
 ]

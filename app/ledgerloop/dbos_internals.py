@@ -77,7 +77,8 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         name="journal-read",
         uses="SELECT max(function_id), max(completed_at_epoch_ms) FROM dbos.operation_outputs "
-        "WHERE workflow_uuid, skipping function_name 'DBOS.sleep' (agent/tracing.sql); "
+        "WHERE workflow_uuid, skipping function_name 'DBOS.sleep' (agent/tracing.sql), and the "
+        "names of a run's message steps (agent/messages.sql); "
         "whether the row a worker checkpointed at (workflow_uuid, function_id) is still there "
         "after a failover (fleet/queries.sql executor_rewound)",
         relies_on="every operation of a workflow (steps, recv, the recv's timeout as "
@@ -86,7 +87,11 @@ INTERNALS: tuple[Internal, ...] = (
         why="the public list_workflow_steps, called from workflow code (where a resumed "
         "execution reads it), is itself journaled as a step (DBOS.listWorkflowSteps) and "
         "would change the workflow's step sequence",
-        used_in=("app/ledgerloop/agent/tracing.sql", "app/ledgerloop/fleet/queries.sql"),
+        used_in=(
+            "app/ledgerloop/agent/tracing.sql",
+            "app/ledgerloop/agent/messages.sql",
+            "app/ledgerloop/fleet/queries.sql",
+        ),
         tables=("operation_outputs",),
     ),
     Internal(

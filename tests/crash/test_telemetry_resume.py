@@ -272,6 +272,16 @@ def test_killed_during_a_model_call_reports_the_lost_call(
         resumed.span_id,
     ]
     assert _lost_calls(receiver) == 1
+    # The lost call was the same request as its replacement: it says how many tokens it
+    # could have cost.
+    assert _attrs(lost[0])["gen_ai.request.max_tokens"] == 2048
+    assert all(_attrs(c)["gen_ai.request.max_tokens"] == 2048 for c in chats)
+    # The root's totals are the run's, over both executions (the lost call's tokens were
+    # never reported, so they are not in them).
+    (root,) = spans["invoke_agent looper"]
+    answered = [_attrs(c) for c in chats if c is not lost[0]]
+    for key in ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"):
+        assert _attrs(root)[key] == sum(a[key] for a in answered) > 0
 
 
 def _lost_calls(receiver: Receiver) -> int:

@@ -410,6 +410,7 @@ def test_health_and_openapi_need_no_token(http: httpx.Client) -> None:
         "/v1/runs/{run_id}",
         "/v1/runs/{run_id}/timeline",
         "/v1/runs/{run_id}/events",
+        "/v1/runs/{run_id}/messages",
         "/v1/runs/{run_id}/cancel",
         "/v1/approvals",
         "/v1/approvals/{approval_id}/decision",

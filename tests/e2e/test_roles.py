@@ -275,6 +275,32 @@ def test_the_application_role_can_start_runs_and_nothing_else(installed: Shop) -
         assert run_get(owner, started) is not None
 
 
+def test_the_application_role_cannot_send_a_running_agent_a_message(installed: Shop) -> None:
+    """Messages come through the authenticated API only (role runner): the app role may not
+    write run_message, nor send the wake-up that would make a run read one."""
+    shop = installed
+    with connect(shop.url(shop.owner), autocommit=True) as owner:
+        run_id = start_run(owner, agent="ops", input={"message": "hi"})
+        tenant = run_get(owner, run_id).tenant_id  # type: ignore[union-attr]
+    with _as(shop.url(shop.app)) as app:
+        insert = sql.SQL(
+            "INSERT INTO ledgerloop.run_message (id, run_id, tenant_id, idempotency_key, "
+            "content, sent_by) VALUES (gen_random_uuid(), {}, {}, 'k', '{{\"text\": \"x\"}}', "
+            "'app')"
+        ).format(sql.Literal(run_id), sql.Literal(tenant))
+        send = sql.SQL(
+            "SELECT dbos.send_message(destination_id => {}, message => '{{}}'::json, "
+            "topic => 'ledgerloop:message', message_id => 'forged')"
+        ).format(sql.Literal(str(run_id)))
+        assert _refused(app, insert) is None
+        assert _refused(app, send) is None
+    with connect(shop.url(shop.owner), autocommit=True) as owner:
+        row = owner.execute(
+            "SELECT count(*) AS n FROM ledgerloop.run_message WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        assert row == {"n": 0}
+
+
 def test_a_second_database_on_the_cluster_stays_apart(installed: Shop) -> None:
     shop = installed
     other = f"{shop.database}_two"

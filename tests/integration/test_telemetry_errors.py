@@ -16,9 +16,10 @@ from ledgerloop.db.connect import Conn
 from ledgerloop.effects.ledger import effect_list, effect_resolve
 from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.runs.states import RunStatus
+from ledgerloop.telemetry.content import CaptureMode
 from ledgerloop.testing.postgres import wait_until
 from tests.conftest import start_test_run, wait_terminal
-from tests.support.telemetry import Captured
+from tests.support.telemetry import Captured, capture_telemetry
 
 
 def _error_type(span: ReadableSpan) -> Any:
@@ -64,6 +65,55 @@ def test_failed_model_call_and_failed_run(
     assert dict(root.attributes or {})["ledgerloop.run.status"] == "failed"
     (agent,) = _points(captured, "gen_ai.invoke_agent.duration")
     assert agent["error.type"] == "model_call_failed"
+
+
+def test_failed_model_call_emits_its_details_event_when_content_is_captured(
+    conn: Conn, scripted_model: Any, worker: Any
+) -> None:
+    model = scripted_model("default: {turns: [{status: 500, message: provider down}]}")
+    for captured in capture_telemetry(CaptureMode.EVENT_ONLY):
+        worker(model.url)
+        run_id = start_test_run(conn, "looper", "the secret question")
+        assert wait_terminal(conn, run_id).status is RunStatus.FAILED
+        (chat,) = [s for s in _of_run(captured, run_id) if s.name.startswith("chat ")]
+        assert _error_type(chat) == "InternalServerError"
+        (event,) = [
+            r.log_record
+            for r in captured.logs.get_finished_logs()
+            if r.log_record.event_name == "gen_ai.client.inference.operation.details"
+        ]
+        attrs = dict(event.attributes or {})
+        assert attrs["error.type"] == "InternalServerError"
+        assert attrs["gen_ai.request.max_tokens"] == 2048
+        assert "the secret question" in str(attrs["gen_ai.input.messages"])
+        assert "gen_ai.output.messages" not in attrs  # there was no answer
+        assert event.span_id == chat.context.span_id
+
+
+def test_every_execute_tool_span_has_a_description(
+    conn: Conn, scripted_model: Any, worker: Any, captured: Captured
+) -> None:
+    model = scripted_model(
+        """
+        default:
+          turns:
+            - tool_use: {name: no_such_tool, input: {}}
+            - tool_use: {name: echo, input: {text: hi}}
+            - text: done
+        """
+    )
+    worker(model.url)
+    run_id = start_test_run(conn, "looper", "hello")
+    assert wait_terminal(conn, run_id).status is RunStatus.SUCCEEDED
+    tools = {
+        s.name: dict(s.attributes or {})
+        for s in _of_run(captured, run_id)
+        if s.name.startswith("execute_tool")
+    }
+    assert tools["execute_tool echo"]["gen_ai.tool.description"] == "Echo the text back."
+    unknown = tools["execute_tool no_such_tool"]
+    assert unknown["gen_ai.tool.description"] == "unknown tool 'no_such_tool'"
+    assert unknown["error.type"] == "UnknownTool"
 
 
 def test_failed_tool(conn: Conn, scripted_model: Any, worker: Any, captured: Captured) -> None:

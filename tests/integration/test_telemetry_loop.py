@@ -62,6 +62,10 @@ def test_two_turn_run_is_one_tree(
     assert root_attrs["gen_ai.conversation.id"] == str(run_id)
     assert root_attrs["ledgerloop.tenant.id"] == DEFAULT_TENANT_ID
     assert root_attrs["ledgerloop.run.status"] == "succeeded"
+    # The run's totals: every model call of the run (here both chats of its one execution).
+    chat_attrs = [dict(c.attributes or {}) for c in captured.by_kind("chat")]
+    for key in ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"):
+        assert root_attrs[key] == sum(a[key] for a in chat_attrs) > 0
     assert agent.start_time is not None
     assert execution.start_time is not None
     assert agent.start_time <= execution.start_time

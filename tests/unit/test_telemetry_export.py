@@ -300,3 +300,56 @@ def test_exporter_variables_per_signal() -> None:
     (problem,) = typo.problems
     assert "otpl" in problem
     assert "otlp, console or none" in problem
+
+
+def test_content_events_follow_traces_when_logs_have_no_exporter(receiver: Receiver) -> None:
+    # Traces have an endpoint of their own; nothing names one for logs.
+    env = _child_env(
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{receiver.url}/v1/traces",
+        OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="EVENT_ONLY",
+    )
+    result = _run_child(env)
+    assert result.returncode == 0, result.stderr
+    assert "chat m-1" in receiver.span_names()
+    events = [
+        record.event_name
+        for body in _bodies(receiver, "/v1/logs")
+        for rl in ExportLogsServiceRequest.FromString(body).resource_logs
+        for scope in rl.scope_logs
+        for record in scope.log_records
+    ]
+    assert events == ["gen_ai.client.inference.operation.details"]
+
+
+def test_content_events_follow_console_traces_only_when_captured() -> None:
+    capture = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "EVENT_ONLY"}
+    traced = {"OTEL_TRACES_EXPORTER": "console"}
+    following = build_providers("ledgerloop", console=False, environ={**traced, **capture})
+    assert following.logger_provider is not None
+    assert following.tracer_provider is not None
+    following.logger_provider.shutdown()
+    following.tracer_provider.shutdown()
+    quiet = build_providers("ledgerloop", console=False, environ=traced)
+    assert quiet.logger_provider is None  # no content, no logs
+    assert quiet.tracer_provider is not None
+    quiet.tracer_provider.shutdown()
+    # Logs switched off on purpose stay off.
+    off = build_providers(
+        "ledgerloop",
+        console=False,
+        environ={**traced, **capture, "OTEL_LOGS_EXPORTER": "none"},
+    )
+    assert off.logger_provider is None
+    assert off.tracer_provider is not None
+    off.tracer_provider.shutdown()
+    # A traces endpoint whose logs sibling cannot be told: said, not guessed.
+    odd = build_providers(
+        "ledgerloop",
+        console=False,
+        environ={**capture, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/t"},
+    )
+    assert odd.logger_provider is None
+    (problem,) = odd.problems
+    assert "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT" in problem
+    assert odd.tracer_provider is not None
+    odd.tracer_provider.shutdown()

@@ -51,7 +51,7 @@ def as_tool(definition: dict[str, Any]) -> Tool:
     """
     return Tool(
         name=definition["name"],
-        description=definition["description"],
+        description=describe_tool(definition),
         input_model=McpArguments,
         kind=ToolKind.WRITE,
         effect=McpEffect(
@@ -62,6 +62,16 @@ def as_tool(definition: dict[str, Any]) -> Tool:
         ),
         body=lambda args: args.model_dump(),
     )
+
+
+def describe_tool(definition: dict[str, Any]) -> str:
+    """The tool's own description, or (a server that gave none) what it is and where: every
+    execute_tool span has a gen_ai.tool.description."""
+    given = str(definition.get("description") or "").strip()
+    if given:
+        return given
+    name = definition.get("mcp_name") or definition["name"]
+    return f"{name}, a tool of MCP server {definition.get('server', '?')} (no description given)"
 
 
 def register_discovered(definitions: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -170,7 +180,7 @@ async def run_mcp_read(
         run_id=run_id,
         step_name=step_name,
         mcp=facts,
-        description=definition.get("description"),
+        description=describe_tool(definition),
     ) as span:
         if unreachable is not None:
             span.record_error("McpUnreachable", unreachable)

@@ -64,6 +64,11 @@ class RunContext:
     #: What the run has spent of them: every think of every agent of the run, and every
     #: child episode's turns and tokens once it returns. One object, shared by `with_agent`.
     spent: Spent = field(default_factory=Spent)
+    #: Ids of the messages people sent the run that it took (agent.messages), from journaled
+    #: step results; shared by `with_agent` (they are the run's).
+    messages_taken: list[str] = field(default_factory=list)
+    #: `wait_for_message` calls so far: the next one's step-name suffix.
+    message_waits: int = 0
 
     def with_agent(self, agent: Agent, scope: str, messages: list[Message]) -> RunContext:
         """Another agent's view of this run: its own conversation and step-name scope; the

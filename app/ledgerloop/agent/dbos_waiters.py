@@ -53,6 +53,14 @@ class Watch:
             return False
         return await self._event.wait_async(timeout_s)
 
+    def fired(self) -> bool:
+        """Whether a message to the topic was notified since the watch began (or was cleared)."""
+        return self._event is not None and self._event.is_set()
+
+    def clear(self) -> None:
+        if self._event is not None:
+            self._event.clear()
+
 
 @contextmanager
 def watch(workflow_id: str, topic: str) -> Iterator[Watch]:

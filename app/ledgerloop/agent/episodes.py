@@ -51,6 +51,7 @@ from ledgerloop.agent.keep import forget_workflow
 from ledgerloop.agent.primitives import call_read_tool, think
 from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet.guard import executing
+from ledgerloop.telemetry.executions import count_tokens
 from ledgerloop.tools.registry import ToolKind
 
 M = TypeVar("M", bound=BaseModel)
@@ -209,6 +210,7 @@ async def run_episode(
     # The child's turns and tokens are the run's (a child from before it reported them:
     # none, as that run counted then).
     run.spent.add(Spent.from_json(result.get("spent")))
+    count_tokens(result.get("spent"))  # and in the run's totals on its root span
     if "ended" in result:
         ended = result["ended"]
         kind = EpisodeBudgetExceeded if ended["budget"] else EpisodeFailed

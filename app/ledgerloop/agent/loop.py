@@ -1,7 +1,7 @@
 """The built-in agent loop: one DBOS workflow per run, written with the durable primitives.
 
     memory-load
-    think-{i}  [think-{i}-strong]  tool-{i}-{call_id}...       (i < max_iterations)
+    [messages-{i}]  think-{i}  [think-{i}-strong]  tool-{i}-{call_id}...  (i < max_iterations)
     [memory-save-{i}] (a rejected answer, or an answer to validate) | finish
 
 A turn that asks only for read tools and plain writes (no approval possible) has no tool
@@ -14,6 +14,10 @@ conversation memory with the run's final save, in the same commit as the run's t
 status. The final save of an answer nothing may refuse is made by the think
 step that got it (in one statement, under the name memory-save-{i}), so a run ends with its
 last think step.
+
+A message a person sent the run (POST /v1/runs/{id}/messages) joins the conversation at the
+next turn boundary, in step `messages-{i}` (agent.messages), which only a boundary with a
+message to take has.
 
 Each name is a step (ledgerloop.agent.primitives); a crash anywhere resumes at the first step
 without a checkpoint. The code between steps only looks at step results (time too comes from
@@ -33,6 +37,12 @@ from ledgerloop.agent import dbos_waiters, tracing
 from ledgerloop.agent.context import Ended, Message, RunContext, Stop
 from ledgerloop.agent.hibernation import hibernating_allowed
 from ledgerloop.agent.keep import forget_workflow
+from ledgerloop.agent.messages import (
+    join_conversation,
+    listening,
+    messages_due,
+    take_messages,
+)
 from ledgerloop.agent.orchestration import get_orchestration
 from ledgerloop.agent.primitives import (
     act,
@@ -41,6 +51,7 @@ from ledgerloop.agent.primitives import (
     memory_load,
     memory_save,
     next_ride,
+    only_reads,
     remember,
     rides_think,
     think,
@@ -135,7 +146,11 @@ async def _execute(run_id: str) -> dict[str, Any]:
         )
         # A replay harness (deploy checks) runs this function too: no spans from a replay.
         live = dbos_waiters.in_workflow()
-        with execution_span(execution, facts) if live else nullcontext():
+        resumed = run.trace.get("span_id") != execution.token()["span_id"]
+        with (
+            execution_span(execution, facts) if live else nullcontext(),
+            listening(run_id, resumed),
+        ):
             orchestrate = get_orchestration(run.agent.name)
             if orchestrate is not None:
                 return await orchestrate(run)
@@ -165,6 +180,20 @@ async def run_turns(run: RunContext, max_turns: int | None = None) -> dict[str, 
             if reads is not None:  # answered, so the saved conversation stays well formed
                 await _act_all(run, i - 1, reads)
             return await finish(run, RunStatus.FAILED, "deadline_exceeded")
+        if reads is not None and only_reads(run, reads["content"]) and await messages_due(run, i):
+            # A message joins the conversation after the previous turn's tool results: its
+            # reads run as steps of their own here instead of inside this think step. The
+            # messages are taken first, so the journal holds the decision before those steps.
+            received = await take_messages(run, i, join=False)
+            calls = [c for c in reads["content"] if c.get("type") == "tool_use"]
+            count_call("tool", -len(calls))  # counted when they were to ride
+            stop = await _act_all(run, i - 1, reads)
+            reads = None
+            if stop is not None:
+                return await finish(run, stop.status, stop.reason, stop.details)
+            join_conversation(run, received)
+        elif reads is None and await messages_due(run, i):
+            await take_messages(run, i)
         thought = await think(
             run,
             i,

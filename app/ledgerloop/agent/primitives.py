@@ -7,6 +7,7 @@
     write_effect(run, i, call, t, ok)    tool-{i}-{call_id}      + durable wait for the outcome
     act(run, i, call)                    call_read_tool, or wait_for_approval (when the policy
                                          asks) then write_effect
+    wait_for_message(run, timeout)       message-wait-{n}  + durable wait for a message
     remember(run, messages)              (no step: the journal holds them until a save)
     memory_save(run, i, messages, ...)   memory-save-{i}
     finish(run, status, reason)          compensate-{call_id}...  finish
@@ -47,6 +48,8 @@ from ledgerloop.agent.context import Approved, Ended, Message, RunContext, Stop,
 from ledgerloop.agent.definition import get_agent
 from ledgerloop.agent.effect_wait import await_effect, remember_compensable
 from ledgerloop.agent.effect_wait import write_effect as write_effect
+from ledgerloop.agent.messages import Received as Received
+from ledgerloop.agent.messages import wait_for_message as wait_for_message
 from ledgerloop.agent.stepping import CODE_STEP, MODEL_STEP, run_step
 from ledgerloop.agent.steps import is_empty_turn
 from ledgerloop.agent.write_ahead import Ride
@@ -55,6 +58,7 @@ from ledgerloop.faults import hit
 from ledgerloop.models.client import Tier
 from ledgerloop.runs.states import RunStatus
 from ledgerloop.runtime import get_runtime
+from ledgerloop.telemetry.executions import count_tokens
 from ledgerloop.tools.registry import Tool, ToolKind
 
 # wait_for_approval and write_effect, primitives too, live in approval_wait and effect_wait
@@ -296,6 +300,7 @@ async def _think(
     )
     if "response" in result:
         run.spent.add_usage(result["response"].get("usage"))
+        count_tokens(result["response"].get("usage"))  # the run's totals, for its root span
     if "pending" in result:
         # It ended at a pending write and asked the model nothing (its `-settled` step does).
         tracing.count_call("inference", -1)

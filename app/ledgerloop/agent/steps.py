@@ -303,6 +303,7 @@ async def _ask(
         step_name=step_name,
         server_address=rt.model.server_address,
         server_port=rt.model.server_port,
+        max_tokens=agent.max_tokens,
     )
     # The crash matrix's boundary "before the model call": the step (and its reads) ran up
     # to here and nothing was asked; a repeat must ask once.
@@ -326,6 +327,7 @@ async def _ask(
                 error["status_code"] = status
             # Returned as data, so the span would not see it: mark it (span and metric).
             recorder.record_error(error["type"], error["message"])
+            recorder.record_content(messages, None, agent.system)  # the request, no answer
             failed = {"error": error, "model": model, "tier": tier, "now": time.time()}
             return {**failed, **read_results}, save
         response = answer
@@ -402,7 +404,8 @@ def save_answer(
     if isinstance(saved, str) and saved != text:
         content = [{"type": "text", "text": saved}]
         result = {**result, "response": {**result["response"], "content": content}}
-    end_run_here(run.status.value, "succeeded", run_facts(run))  # after the commit: the root
+    # After the commit: the root, with this step's tokens (the workflow counts them later).
+    end_run_here(run.status.value, "succeeded", run_facts(run), result["response"].get("usage"))
     return {**result, "saved": run.status.value}
 
 
@@ -446,7 +449,8 @@ async def run_read_tool(
     # A read tool leaves the run's status alone: it changes nothing outside, so "executing"
     # would only cost a write per turn (the step itself is in the journal and the timeline).
     tool = agent.tool(name)
-    description = tool.description if tool is not None else None
+    # An unknown name has no description of its own: the span says what ran instead.
+    description = tool.description if tool is not None else f"unknown tool {name!r}"
     with tool_span(
         name, call_id, run_id=run_id, step_name=step_name, description=description
     ) as span:

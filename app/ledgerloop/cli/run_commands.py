@@ -224,6 +224,37 @@ def runs_follow(
         raise typer.Exit(2) from None
 
 
+@runs_cli.command("send")
+@user_errors
+def runs_send(
+    run_id: uuid.UUID = typer.Argument(..., help="The run's id."),
+    text: str = typer.Argument(..., help="What to tell the agent."),
+    key: str | None = typer.Option(
+        None,
+        "--key",
+        help="The message's Idempotency-Key: send again with the same key to retry safely "
+        "(default: a new key).",
+    ),
+    url: str = typer.Option(
+        "http://127.0.0.1:8080", envvar="LEDGERLOOP_URL", help="The HTTP API's base URL."
+    ),
+    token: str = typer.Option(
+        ..., envvar="LEDGERLOOP_TOKEN", help="A token of a principal with the runner role."
+    ),
+) -> None:
+    """Send a running agent a message; it reads it at its next turn boundary (or in
+    wait_for_message). Prints the message's id once it is durable."""
+    from ledgerloop.client import ApiError, Client
+
+    try:
+        with Client(url, token) as api:
+            sent = api.send_message(str(run_id), text, idempotency_key=key)
+    except ApiError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"message {sent['id']} sent to run {run_id} (key {sent['idempotency_key']})")
+
+
 @runs_cli.command("purge")
 @user_errors
 def runs_purge(

@@ -1,5 +1,6 @@
 """A small typed client of the Ledgerloop HTTP API, sync (`Client`) and async (`AsyncClient`):
-start a run, iterate its events with automatic resume, approve or reject.
+start a run, iterate its events with automatic resume, send a running agent a message,
+approve or reject.
 
 `events()` follows GET /v1/runs/{id}/events (docs/streaming.md) and reconnects by itself
 when the connection drops, sending `Last-Event-ID` so no durable event is seen twice or
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -88,6 +90,15 @@ def _start_request(
     return {"agent": agent, "input": input}, headers
 
 
+def _message_request(
+    run_id: str, content: str, idempotency_key: str | None
+) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """A message needs a key: a retry with the same key is the same message, never a second
+    one. Without one, a fresh key (so the call itself is safe, a retry of it is not)."""
+    key = idempotency_key or str(uuid.uuid4())
+    return f"/v1/runs/{run_id}/messages", {"content": content}, {"Idempotency-Key": key}
+
+
 def _resume_headers(last: int | None) -> dict[str, str]:
     return {} if last is None else {"Last-Event-ID": str(last)}
 
@@ -131,6 +142,14 @@ class Client:
     ) -> dict[str, Any]:
         body = {"decision": decision, "reason": reason}
         return _checked(self._http.post(f"/v1/approvals/{approval_id}/decision", json=body))
+
+    def send_message(
+        self, run_id: str, content: str, *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Tell a running agent something (202: durable; the agent reads it at its next turn
+        boundary, or in wait_for_message). Pass an `idempotency_key` to retry safely."""
+        path, body, headers = _message_request(run_id, content, idempotency_key)
+        return _checked(self._http.post(path, json=body, headers=headers))
 
     def approve(self, approval_id: str, reason: str | None = None) -> dict[str, Any]:
         return self.decide(approval_id, "approve", reason)
@@ -197,6 +216,13 @@ class AsyncClient:
     ) -> dict[str, Any]:
         body = {"decision": decision, "reason": reason}
         return _checked(await self._http.post(f"/v1/approvals/{approval_id}/decision", json=body))
+
+    async def send_message(
+        self, run_id: str, content: str, *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """As Client.send_message, asynchronously."""
+        path, body, headers = _message_request(run_id, content, idempotency_key)
+        return _checked(await self._http.post(path, json=body, headers=headers))
 
     async def approve(self, approval_id: str, reason: str | None = None) -> dict[str, Any]:
         return await self.decide(approval_id, "approve", reason)

@@ -37,6 +37,7 @@ from typing import Any
 
 from dbos import DBOS
 
+from ledgerloop.agent.messages import journal_ahead
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.failures import describe
 
@@ -111,6 +112,11 @@ class _Replay:
         #: The operation id DBOS would give the next operation (ids start at 1).
         self.next_id = 1
         self.replayed = 0
+
+    def recorded(self, name: str) -> bool:
+        """Whether the journal has an operation of this name (step names are unique in a
+        run), wherever it is."""
+        return any(entry.name == name for entry in self.entries.values())
 
     def _take(self, count: int) -> int:
         taken = self.next_id
@@ -341,6 +347,8 @@ async def replay_journal(
 
     async def run() -> Verdict:
         _current.set(replay)
+        # The loop's turn boundaries take messages where the journal shows they did.
+        journal_ahead.set(replay.recorded)
         try:
             result = await body(*args)
         except _Stop as stop:

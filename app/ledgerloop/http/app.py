@@ -37,6 +37,7 @@ from ledgerloop.http.routes_approvals import router as approvals_router
 from ledgerloop.http.routes_effects import router as effects_router
 from ledgerloop.http.routes_events import READS_AT_ONCE, read_as_owner
 from ledgerloop.http.routes_events import router as events_router
+from ledgerloop.http.routes_messages import router as messages_router
 from ledgerloop.http.routes_runs import router as runs_router
 from ledgerloop.http.routes_schedules import router as schedules_router
 from ledgerloop.pricing import ModelPrice
@@ -117,6 +118,7 @@ def create_app(
     app.add_middleware(BodyGuard)
     app.include_router(runs_router)
     app.include_router(events_router)
+    app.include_router(messages_router)
     app.include_router(approvals_router)
     app.include_router(effects_router)
     app.include_router(schedules_router)

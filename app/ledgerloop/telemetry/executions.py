@@ -37,6 +37,7 @@ from ledgerloop.telemetry.spans import (
     _elapsed_s,
     _set_error,
     get_telemetry,
+    usage_tokens,
 )
 
 #: The execution running in this task (set by execution_span).
@@ -72,6 +73,9 @@ class Execution:
     #: call counts. The loop increments them in workflow code.
     inference_calls: int = 0
     tool_calls: int = 0
+    #: Likewise the run's tokens (the root's gen_ai.usage.*): counted from journaled responses.
+    input_tokens: int = 0
+    output_tokens: int = 0
     facts: RunFacts | None = None
     invocation: AgentInvocation | None = None
     sampled: bool = True
@@ -247,6 +251,7 @@ def lost_call(
     step_name: str,
     server_address: str | None,
     server_port: int | None,
+    max_tokens: int | None = None,
     telemetry: Telemetry | None = None,
 ) -> None:
     """Report the model call an interrupted predecessor had in flight, if this think step is
@@ -275,6 +280,8 @@ def lost_call(
         attrs[sc.SERVER_ADDRESS] = server_address
         if server_port is not None:
             attrs[sc.SERVER_PORT] = server_port
+    if max_tokens is not None:  # the same request as the call that replaces it
+        attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
     parent = SpanContext(
         execution.trace_id,
         before.span_id,
@@ -356,16 +363,36 @@ def wait_span(
     span.end(end_time=end_ns)
 
 
-def end_run_here(status: str, reason: str, facts: RunFacts) -> None:
-    """``end_run`` from a step body, with the run's call counts when this execution has them."""
+def end_run_here(
+    status: str, reason: str, facts: RunFacts, usage: Mapping[str, Any] | None = None
+) -> None:
+    """``end_run`` from a step body, with the run's call counts and tokens when this execution
+    has them. ``usage``: the model call of the step that ends the run (not counted yet: the
+    workflow counts a step's tokens once it returned)."""
     execution = _current_execution.get()
     if execution is not None and execution.run_id == facts.run_id:
+        tokens = (execution.input_tokens, execution.output_tokens)
+        this_step = usage_tokens(usage)
+        if this_step is not None:
+            tokens = (tokens[0] + this_step[0], tokens[1] + this_step[1])
         end_run(
             status,
             reason,
             facts=facts,
             inference_calls=execution.inference_calls,
             tool_calls=execution.tool_calls,
+            usage=tokens,
         )
     else:
         end_run(status, reason, facts=facts)
+
+
+def count_tokens(usage: Mapping[str, Any] | None) -> None:
+    """A journaled model response's usage, counted toward the run's totals (workflow code:
+    replays count too, so the execution that ends the run has the whole run's)."""
+    execution = _current_execution.get()
+    counted = usage_tokens(usage)
+    if execution is None or counted is None:
+        return
+    execution.input_tokens += counted[0]
+    execution.output_tokens += counted[1]

@@ -254,6 +254,7 @@ def end_run(
     facts: RunFacts | None = None,
     inference_calls: int | None = None,
     tool_calls: int | None = None,
+    usage: tuple[int, int] | None = None,
     links: Sequence[SpanContext] = (),
     flush: bool = True,
     telemetry: Telemetry | None = None,
@@ -263,8 +264,10 @@ def end_run(
     Call it after the commit that made the run terminal, from a step body (so a replay emits
     nothing). ``facts`` default to the current execution's. A ``failed`` run is ERROR with
     ``error.type`` = its reason. Records ``gen_ai.invoke_agent.duration`` (same error.type)
-    and the run's call counts. Flushes the tracer provider: the root is the one span whose
-    loss would orphan a whole run, so it should not wait in a batch for the next crash.
+    and the run's call counts. ``usage``: the run's (input, output) tokens, every model call
+    of the run (replayed ones included), as ``gen_ai.usage.*``. Flushes the tracer provider:
+    the root is the one span whose loss would orphan a whole run, so it should not wait in a
+    batch for the next crash.
     """
     tel = telemetry or get_telemetry()
     if _sdk_tracer(tel) is None:
@@ -278,6 +281,8 @@ def end_run(
     attrs[sc.GEN_AI_OPERATION_NAME] = sc.OPERATION_INVOKE_AGENT
     attrs[sc.LEDGERLOOP_RUN_STATUS] = status
     attrs[sc.LEDGERLOOP_RUN_REASON] = reason
+    if usage is not None:
+        attrs[sc.GEN_AI_USAGE_INPUT_TOKENS], attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = usage
     span = _start(
         tel,
         sc.agent_span_name(facts.agent),
@@ -340,8 +345,22 @@ def run_start_span(
 ) -> Iterator[RunStart]:
     """``{METHOD} {route}`` (SERVER) around a request that starts a run: in the caller's trace
     when it sent a ``traceparent``, linked to the run's root (the run has a trace of its own:
-    it may outlive the request by hours). An exception marks it ERROR."""
+    it may outlive the request by hours). An exception marks it ERROR.
+
+    When the request already has a SERVER span (an instrumentation of the web framework,
+    such as opentelemetry-instrument's for FastAPI, opened it in the caller's trace), that
+    span is the request's one span: it gets the link and the run's id, and no second one is
+    made in a trace of its own."""
     tel = telemetry or get_telemetry()
+    current = trace.get_current_span()
+    if current.is_recording() and getattr(current, "kind", None) is SpanKind.SERVER:
+        current.set_attribute(sc.HTTP_ROUTE, route)
+        try:
+            yield RunStart(current)
+        except BaseException as exc:
+            _set_error(current, type(exc).__name__, str(exc))
+            raise
+        return  # the instrumentation ends it
     parent = parse_traceparent(incoming_traceparent)
     context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else Context()
     span = tel.tracer.start_span(

@@ -53,6 +53,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 
+from ledgerloop.telemetry.content import capture_mode_from_env
 from ledgerloop.telemetry.spans import reset_default_telemetry
 
 _log = logging.getLogger(__name__)
@@ -180,13 +181,34 @@ def build_providers(
         OTEL_LOGS_EXPORTER, OTEL_EXPORTER_OTLP_LOGS_ENDPOINT, OTEL_EXPORTER_OTLP_LOGS_PROTOCOL
     )
     console_logs = console_logs or console
+    logs_endpoint: str | None = None
+    logs_unset = env.get(OTEL_LOGS_EXPORTER) is None and not env.get(
+        OTEL_EXPORTER_OTLP_LOGS_ENDPOINT
+    )
+    if logs_unset and not (otlp_logs or console_logs) and capture_mode_from_env(env).emits_event:
+        # Content capture is on but nothing says where logs go (traces have an endpoint of
+        # their own, or go to the console): the content events follow the traces, or they
+        # would be dropped while their spans arrive.
+        console_logs = console_traces
+        if otlp_traces:
+            traces_endpoint = env.get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "").rstrip("/")
+            if traces_endpoint.endswith("/v1/traces"):
+                logs_endpoint = traces_endpoint.removesuffix("/v1/traces") + "/v1/logs"
+                otlp_logs = True
+            else:
+                out.problems.append(
+                    "content capture is on but message content events have no destination: "
+                    f"set {OTEL_EXPORTER_OTLP_LOGS_ENDPOINT} (or {OTEL_EXPORTER_OTLP_ENDPOINT})"
+                )
     if otlp_logs or console_logs:
         # Logs carry only the opt-in content events, so they are quiet unless asked for.
         out.logger_provider = LoggerProvider(resource=resource)
         if otlp_logs:
             from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 
-            out.logger_provider.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
+            out.logger_provider.add_log_record_processor(
+                BatchLogRecordProcessor(OTLPLogExporter(endpoint=logs_endpoint))
+            )
         if console_logs:
             out.logger_provider.add_log_record_processor(
                 SimpleLogRecordProcessor(ConsoleLogRecordExporter())

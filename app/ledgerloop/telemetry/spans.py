@@ -276,6 +276,21 @@ def _record_agent_metrics(
 # --- chat
 
 
+def usage_tokens(usage: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """(input, output) tokens of an Anthropic `usage`, input counted as the conventions want
+    (cached tokens included: Anthropic's input_tokens leaves them out); None when either
+    count is missing."""
+    if not isinstance(usage, Mapping):
+        return None
+    inp = _token_count(usage.get("input_tokens"))
+    out = _token_count(usage.get("output_tokens"))
+    if inp is None or out is None:
+        return None
+    cache_read = _token_count(usage.get("cache_read_input_tokens"))
+    cache_write = _token_count(usage.get("cache_creation_input_tokens"))
+    return inp + (cache_read or 0) + (cache_write or 0), out
+
+
 def _token_count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -316,14 +331,12 @@ class ChatRecorder:
         self.span.set_attributes(update)
 
     def _usage_attributes(self, usage: Mapping[str, Any]) -> Attrs:
-        inp = _token_count(usage.get("input_tokens"))
-        out = _token_count(usage.get("output_tokens"))
+        counted = usage_tokens(usage)
+        if counted is None:
+            return {}  # the spec forbids reporting counts we could not obtain
+        total_in, out = counted
         cache_read = _token_count(usage.get("cache_read_input_tokens"))
         cache_write = _token_count(usage.get("cache_creation_input_tokens"))
-        if inp is None or out is None:
-            return {}  # the spec forbids reporting counts we could not obtain
-        # Anthropic's input_tokens excludes cached tokens; the convention wants all of them.
-        total_in = inp + (cache_read or 0) + (cache_write or 0)
         self._usage = (total_in, out)
         attrs: Attrs = {sc.GEN_AI_USAGE_INPUT_TOKENS: total_in, sc.GEN_AI_USAGE_OUTPUT_TOKENS: out}
         if cache_read is not None:
@@ -335,13 +348,14 @@ class ChatRecorder:
     def record_content(
         self,
         input_messages: Sequence[Mapping[str, Any]],
-        output_message: Mapping[str, Any],
+        output_message: Mapping[str, Any] | None,
         system: str | Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """Keep the conversation for the opt-in details event; a no-op unless capture is on.
 
-        Takes Anthropic shapes: the request ``messages``, the response (or assistant message)
-        and the request ``system``. Content never lands on the span, in any mode.
+        Takes Anthropic shapes: the request ``messages``, the response (or assistant message;
+        None for a call that failed: the event then has the request and the error) and the
+        request ``system``. Content never lands on the span, in any mode.
         """
         if not self._tel.capture.emits_event:
             return
@@ -349,8 +363,11 @@ class ChatRecorder:
         default_reason = reasons[0] if isinstance(reasons, list) and reasons else None
         captured: dict[str, Any] = {
             sc.GEN_AI_INPUT_MESSAGES: content.input_messages(input_messages),
-            sc.GEN_AI_OUTPUT_MESSAGES: content.output_messages(output_message, default_reason),
         }
+        if output_message is not None:
+            captured[sc.GEN_AI_OUTPUT_MESSAGES] = content.output_messages(
+                output_message, default_reason
+            )
         if system:
             captured[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = content.system_instructions(system)
         self._content = captured
