@@ -20,9 +20,19 @@ from ledgerloop.agent import dbos_step_start
 from ledgerloop.agent.definition import Agent, agents, agents_from, load_agent_modules
 from ledgerloop.config import Settings
 from ledgerloop.db import dbos_checkpoint, dbos_journal, pooling
+from ledgerloop.db.capacity import check_room
 from ledgerloop.db.connect import guard_borrows, make_pool, watch_connections
+from ledgerloop.db.footprint import (
+    DBOS_POOL,
+    LEDGERLOOP_POOL,
+    RELAY_STEPS,
+    Footprint,
+    minimum,
+    name_executor,
+)
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.db.url import validate_url
+from ledgerloop.effects.outbox import CHANNEL as OUTBOX_CHANNEL
 from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.dispatch import Dispatcher
@@ -33,6 +43,7 @@ from ledgerloop.mcptools.client import close_connections
 from ledgerloop.models.client import make_model_client
 from ledgerloop.runtime import Runtime, install
 from ledgerloop.sandbox import require_backend
+from ledgerloop.streams.hub import CHANNEL as RUN_EVENTS_CHANNEL
 from ledgerloop.tools.policy import SANDBOX_FIELDS, PolicyFile, load_policy
 from ledgerloop.tools.policy_check import argument_problems
 from ledgerloop.tools.registry import Tool, ToolKind
@@ -47,6 +58,8 @@ class WorkerOptions:
     services: list[Callable[[Runtime, asyncio.Event], Coroutine[Any, Any, None]]] = field(
         default_factory=list
     )
+    #: The process's connections (db/footprint.py); default: a worker without the relay.
+    footprint: Footprint | None = None
 
 
 def check_policy_tools(
@@ -156,17 +169,28 @@ def check_sandbox_tools(policy: PolicyFile, tools: dict[str, Tool]) -> None:
                 )
 
 
-def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Runtime:
-    """Everything that can fail on bad configuration, checked before anything starts."""
+def prepare(
+    settings: Settings,
+    url: str,
+    *,
+    trace_console: bool = False,
+    footprint: Footprint | None = None,
+) -> Runtime:
+    """Everything that can fail on bad configuration, checked before anything starts: the
+    policy, the schema, and room on the server for the process's connections."""
     from ledgerloop.telemetry import configure_telemetry
 
     load_agent_modules(settings.agent_modules)
     policy = load_policy(settings.policy_file)
     check_policy_tools(policy, settings.agent_modules, policy_file=settings.policy_file)
     model = make_model_client(settings)
+    footprint = footprint or settings.footprint(relay=False)
     ensure_current(url)
+    check_room(url, footprint, minimum(relay=footprint.pool(RELAY_STEPS) > 0))
     configure_telemetry(console=trace_console)
-    pool = make_pool(url, min_size=2, max_size=settings.pool_size, name="ledgerloop-worker")
+    pool = make_pool(
+        url, min_size=2, max_size=footprint.pool(LEDGERLOOP_POOL), name="ledgerloop-worker"
+    )
     timings = FleetTimings(settings.heartbeat_s, settings.stale_after_s)
     return Runtime(
         settings=settings,
@@ -175,6 +199,7 @@ def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Run
         model=model,
         policy=policy,
         fence=Fence(timings.lease_s),
+        footprint=footprint,
     )
 
 
@@ -196,7 +221,15 @@ async def run_worker(
     options = options or WorkerOptions()
     # DBOS parses the URL with SQLAlchemy: several hosts must reach it in the query form.
     url = validate_url(url)
-    runtime = prepare(settings, url, trace_console=options.trace_console)
+    # Every connection from here on is named `ledgerloop:<executor>:<part>`.
+    name_executor(settings.executor_id)
+    runtime = prepare(
+        settings, url, trace_console=options.trace_console, footprint=options.footprint
+    )
+    shape = runtime.footprint
+    assert shape is not None
+    log.info("connections: %s (LEDGERLOOP_MAX_CONNECTIONS)", shape.describe())
+    listen_url = pooling.session_url(url)
     install(runtime)
     tasks: list[asyncio.Task[None]] = []
     failures: list[BaseException] = []
@@ -235,7 +268,10 @@ async def run_worker(
         heartbeat.register()
         # Before DBOS recovers anything: a resumed command must not race its old container.
         await reap_sandboxes(runtime)
-        DBOS(config=settings.dbos_config(url))  # type: ignore[arg-type]
+        # DBOS's waiters hear their notifications through the dispatcher's connection.
+        dbos_internals.share_dbos_listener(listen_url is not None)
+        config = settings.dbos_config(url, pool_size=shape.pool(DBOS_POOL))
+        DBOS(config=config)  # type: ignore[arg-type]
         # DBOS's queue thread leaves Ledgerloop's queue alone: the dispatcher claims from it.
         DBOS.listen_queues([])
         dbos_internals.slow_background_jobs(settings.dispatch_fallback_s)
@@ -257,13 +293,17 @@ async def run_worker(
             batch=settings.dispatch_batch,
             fallback_s=settings.dispatch_fallback_s,
             peers=lambda: heartbeat.peers,
-            listen_url=pooling.session_url(url),
+            listen_url=listen_url,
             poll_s=settings.pooled_poll_s,
-            # DBOS runs without LISTEN behind the pooler (config.dbos_config).
-            relay_dbos_notifications=pooling.is_pooled(url),
+            # DBOS's own listener is off (share_dbos_listener), or DBOS runs without LISTEN
+            # behind the pooler (config.dbos_config): this connection hears DBOS's channels.
+            relay_dbos_notifications=listen_url is not None,
+            # LISTENed on from the start: the relay and the HTTP server subscribe to them.
+            channels=(OUTBOX_CHANNEL, RUN_EVENTS_CHANNEL),
         )
         dispatcher.start()
         runtime.dispatcher = dispatcher
+        runtime.notifications = dispatcher
         tasks.append(asyncio.create_task(sandbox_reaper(runtime, stop), name="sandbox reaper"))
         for service in options.services:
             name = getattr(service, "__name__", "a service").removesuffix("_service")
@@ -301,6 +341,8 @@ async def run_worker(
                 log.warning("could not hand runs back (%s); peers will take them over", exc)
         await runtime.model.close()
         runtime.pool.close()
+        dbos_internals.share_dbos_listener(False)
+        name_executor(None)
         dbos_checkpoint.gate_writes(None)
         guard_borrows(None)
         watch_connections(None)
