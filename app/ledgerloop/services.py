@@ -38,6 +38,14 @@ def build_services(settings: Settings, *, http: bool, relay: bool) -> list[Servi
     return services
 
 
+def listened_channels(*, http: bool, relay: bool) -> tuple[str, ...]:
+    """The channels `ledgerloop up`'s services hear on the worker's shared listener."""
+    from ledgerloop.effects.outbox import CHANNEL as OUTBOX
+    from ledgerloop.streams.hub import CHANNEL as RUN_EVENTS
+
+    return (*((OUTBOX,) if relay else ()), *((RUN_EVENTS,) if http else ()))
+
+
 def relay_config(
     settings: Settings, *, listening: bool, step_connections: int | None = None
 ) -> RelayConfig:

@@ -32,7 +32,6 @@ from ledgerloop.db.footprint import (
 )
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.db.url import validate_url
-from ledgerloop.effects.outbox import CHANNEL as OUTBOX_CHANNEL
 from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.dispatch import Dispatcher
@@ -43,7 +42,6 @@ from ledgerloop.mcptools.client import close_connections
 from ledgerloop.models.client import make_model_client
 from ledgerloop.runtime import Runtime, install
 from ledgerloop.sandbox import require_backend
-from ledgerloop.streams.hub import CHANNEL as RUN_EVENTS_CHANNEL
 from ledgerloop.tools.policy import SANDBOX_FIELDS, PolicyFile, load_policy
 from ledgerloop.tools.policy_check import argument_problems
 from ledgerloop.tools.registry import Tool, ToolKind
@@ -60,6 +58,9 @@ class WorkerOptions:
     )
     #: The process's connections (db/footprint.py); default: a worker without the relay.
     footprint: Footprint | None = None
+    #: Channels the services will subscribe to on the shared listener, LISTENed on from the
+    #: start (`ledgerloop up`: the outbox for the relay, run events for the HTTP API).
+    channels: tuple[str, ...] = ()
 
 
 def check_policy_tools(
@@ -298,8 +299,8 @@ async def run_worker(
             # DBOS's own listener is off (share_dbos_listener), or DBOS runs without LISTEN
             # behind the pooler (config.dbos_config): this connection hears DBOS's channels.
             relay_dbos_notifications=listen_url is not None,
-            # LISTENed on from the start: the relay and the HTTP server subscribe to them.
-            channels=(OUTBOX_CHANNEL, RUN_EVENTS_CHANNEL),
+            # Only channels someone hears: each notification wakes this thread.
+            channels=options.channels,
         )
         dispatcher.start()
         runtime.dispatcher = dispatcher

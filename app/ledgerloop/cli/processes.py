@@ -41,7 +41,7 @@ def up(
     """Run a worker: the agent workflows, recovery, and (by default) relay and HTTP API."""
     import asyncio
 
-    from ledgerloop.services import build_services
+    from ledgerloop.services import build_services, listened_channels
     from ledgerloop.worker import WorkerOptions, run_worker
 
     settings = load_settings()
@@ -53,6 +53,7 @@ def up(
         trace_console=trace_console,
         services=build_services(settings, http=http, relay=relay),
         footprint=shape,
+        channels=listened_channels(http=http, relay=relay),
     )
 
     async def main() -> None:

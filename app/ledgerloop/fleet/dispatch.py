@@ -105,7 +105,12 @@ class Dispatcher:
             raise ValueError(f"channel {channel!r} is not a plain identifier")
         with self._lock:
             self._callbacks[channel].append(callback)
+            new = channel not in self._channels
             self._channels.add(channel)
+        if new and self._thread.is_alive() and self.listen_url is not None:
+            # The thread may sleep in its wait for seconds: wake it to LISTEN (once per
+            # channel per process; `ledgerloop up` names its channels up front instead).
+            threading.Thread(target=self._nudge, name="ledgerloop-dispatch-nudge").start()
 
         def unsubscribe() -> None:
             with self._lock:
@@ -136,14 +141,24 @@ class Dispatcher:
             conn.execute(f"LISTEN {channel}")
             self._listening.add(channel)
 
+    def _nudge(self) -> None:
+        """Wake the thread from its wait (on a short connection: the process's spare)."""
+        assert self.listen_url is not None
+        try:
+            with psycopg.connect(
+                self.listen_url,
+                autocommit=True,
+                connect_timeout=2,
+                application_name=footprint.application_name("spare"),
+            ) as conn:
+                conn.execute("SELECT pg_notify(%s, '')", (self._wake,))
+        except psycopg.Error:
+            pass  # the database is gone: the thread is already failing, waiting on _stop
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self.listen_url is not None:
-            try:
-                with psycopg.connect(self.listen_url, autocommit=True, connect_timeout=2) as conn:
-                    conn.execute("SELECT pg_notify(%s, '')", (self._wake,))
-            except psycopg.Error:
-                pass  # the database is gone: the thread is already failing, waiting on _stop
+            self._nudge()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
@@ -186,15 +201,16 @@ class Dispatcher:
             return False
         deadline = time.monotonic() + wait
         while True:
+            # A channel subscribed meanwhile: `subscribe` woke this thread to LISTEN on it.
             self._listen_more(conn)
-            # A channel subscribed while the thread waits is LISTENed on at the next wake-up;
-            # while one is pending the wait is cut short.
-            with self._lock:
-                pending = bool(self._channels - self._listening)
             left = max(0.0, deadline - time.monotonic())
-            for notify in conn.notifies(timeout=min(left, 0.5) if pending else left):
-                if notify.channel == CHANNEL or notify.channel == self._wake:
+            for notify in conn.notifies(timeout=left):
+                if notify.channel == CHANNEL:
                     return True
+                if notify.channel == self._wake:
+                    if self._stop.is_set():
+                        return True
+                    break
                 if notify.channel in dbos_internals.DBOS_CHANNELS:
                     dbos_internals.forward_dbos_notification(notify.channel, notify.payload)
                 else:
