@@ -186,8 +186,9 @@ def prepare(
     check_policy_tools(policy, settings.agent_modules, policy_file=settings.policy_file)
     model = make_model_client(settings)
     footprint = footprint or settings.footprint(relay=False)
-    ensure_current(url)
+    # Before anything else connects: a server without room is one line, not a stalled pool.
     check_room(url, footprint, minimum(relay=footprint.pool(RELAY_STEPS) > 0))
+    ensure_current(url)
     configure_telemetry(console=trace_console)
     pool = make_pool(
         url, min_size=2, max_size=footprint.pool(LEDGERLOOP_POOL), name="ledgerloop-worker"

@@ -80,7 +80,7 @@ async def connect_async_or_later(url: str, who: str) -> AConn | None:
     password, a missing database) is still raised: waiting would not fix it.
     """
     try:
-        return await connect_async(url)
+        return await connect_async(url, f"ledgerloop-{who.replace(' ', '-')}")
     except DatabaseUnreachable as exc:
         log.warning("%s starts without a database connection and will reconnect: %s", who, exc)
         return None
