@@ -127,6 +127,7 @@ def test_up_under_load_stays_within_its_cap(
             finally:
                 _stop(proc)
     assert proc.returncode == 0, log.read_text()
+    print(f"peak connections of one ledgerloop up: {sampler.peak}")
     # Measured 12 with the defaults (cap 15); more than 15 means a part escaped the cap.
     assert sampler.peak <= 15, f"peak {sampler.peak} connections; parts {sorted(sampler.parts)}"
     assert sampler.peak >= 6, f"only {sampler.peak}: the sampler did not see the process"
@@ -207,6 +208,76 @@ def _drive(proc: subprocess.Popen[bytes], log: Path, port: int, make_token: Make
             assert "run.finished" in seen, seen
 
 
+def _cluster(root: Path, max_connections: int) -> LocalCluster:
+    cluster = LocalCluster(root / "cluster")
+    cluster.init()
+    with (cluster.data_dir / "postgresql.conf").open("a") as conf:
+        conf.write(f"max_connections = {max_connections}\n")
+    cluster.start()
+    return cluster
+
+
+def test_three_up_and_an_app_share_a_default_postgres(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    cluster = _cluster(tmp_path_factory.mktemp("default"), 100)
+    try:
+        url = DatabaseFactory(cluster.url).create()
+        ports = [_free_port() for _ in range(3)]
+        procs = [
+            _up(
+                worker_env(
+                    url, ANTHROPIC_BASE_URL="http://127.0.0.1:9", LEDGERLOOP_HTTP_PORT=str(p)
+                ),
+                tmp_path / f"up{i}.log",
+            )
+            for i, p in enumerate(ports)
+        ]
+        try:
+            for i, port in enumerate(ports):
+
+                def healthy(i: int = i, port: int = port) -> bool:
+                    assert procs[i].poll() is None, (tmp_path / f"up{i}.log").read_text()
+                    try:
+                        return httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                wait_until(healthy, timeout=120)
+            status = subprocess.run(
+                [sys.executable, "-m", "ledgerloop.cli", "db", "status"],
+                env=worker_env(url),
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert status.returncode == 0, status.stderr
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FILTER (WHERE application_name LIKE 'ledgerloop:%%'), "
+                    "count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                ).fetchone()
+                assert row is not None
+                ours, in_use = row
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                _stop(proc)
+    finally:
+        cluster.destroy()
+    assert ours <= 45
+    # Room left for the application: max_connections 100, 3 kept for superusers.
+    assert 100 - 3 - in_use >= 45, f"{in_use} connections in use"
+    lines = status.stdout.splitlines()
+    assert any(
+        line.startswith("connections: ") and "of max_connections 100" in line for line in lines
+    ), status.stdout
+    # One line per process: each `up` by its executor.
+    assert sum(1 for line in lines if line.startswith("  ") and ": " in line) >= 3, status.stdout
+
+
 # -- refusals -------------------------------------------------------------------------------
 
 
@@ -253,11 +324,7 @@ def test_a_role_connection_limit_too_low_is_refused(
 @pytest.fixture
 def small_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A cluster of its own with max_connections 20: three `up` do not fit."""
-    cluster = LocalCluster(tmp_path_factory.mktemp("small") / "cluster")
-    cluster.init()
-    with (cluster.data_dir / "postgresql.conf").open("a") as conf:
-        conf.write("max_connections = 20\n")
-    cluster.start()
+    cluster = _cluster(tmp_path_factory.mktemp("small"), 20)
     try:
         factory = DatabaseFactory(cluster.url)
         yield factory.create()
