@@ -114,3 +114,10 @@ def test_room_problems_name_the_limit() -> None:
     assert "database shop has CONNECTION LIMIT 12" in database[0]
     # A superuser is bound by neither limit, and may use the reserved slots.
     assert room_problem(_capacity(superuser=True, role_limit=1, in_use=85), 15) is None
+
+
+def test_a_standalone_api_keeps_its_client_and_listener_under_the_cap() -> None:
+    shape = load_settings().footprint("http")
+    assert shape.fixed == ("listener", "spare")
+    assert shape.pools == {"dbos": 2, "http": 11}
+    assert shape.total == 15

@@ -113,6 +113,10 @@ def plan(
             fix=f"set LEDGERLOOP_MAX_CONNECTIONS to {least} or more",
         )
     explicit = {DBOS_POOL: dbos_pool_size, LEDGERLOOP_POOL: pool_size}
+    if process == "http":
+        # A standalone API reads steps through a DBOS client of two connections; its own
+        # pool takes the rest.
+        explicit = {DBOS_POOL: _MINIMUM[DBOS_POOL]}
     sizes: dict[str, int] = {}
     for name, size in explicit.items():
         if name in pools and size is not None:
@@ -121,7 +125,7 @@ def plan(
     open_pools = [name for name in pools if name not in sizes]
     left = rest - sum(sizes.values()) - sum(_MINIMUM[name] for name in open_pools)
     if left < 0:
-        given = ", ".join(
+        given = " and ".join(
             f"LEDGERLOOP_{'DBOS_POOL_SIZE' if name == DBOS_POOL else 'POOL_SIZE'}={size}"
             for name, size in sizes.items()
         )

@@ -23,8 +23,10 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ledgerloop.config import load_settings
 from ledgerloop.control.timeline import dbos_client
 from ledgerloop.db.connect import Conn, make_pool
+from ledgerloop.db.footprint import HTTP_POOL
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.http.errors import (
     PayloadTooLarge,
@@ -61,7 +63,7 @@ def create_app(
     database_url: str,
     *,
     agent_names: Iterable[str],
-    pool_max_size: int = 10,
+    pool_max_size: int | None = None,
     notifications: NotificationSource | None = None,
     pool: ConnectionPool[Conn] | None = None,
     dbos: Any = None,
@@ -69,7 +71,8 @@ def create_app(
     """`notifications`: where the run event streams hear of new events; by default a
     LISTEN connection of the app's own (streams/source.py). `pool` and `dbos` (DBOS itself
     or a DBOSClient, for reading steps): borrowed from the embedding process (`ledgerloop up`:
-    the worker's), which opens and closes them; by default the app opens its own."""
+    the worker's), which opens and closes them; by default the app opens its own, within
+    LEDGERLOOP_MAX_CONNECTIONS (`pool_max_size`, default: its share of it)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,8 +80,9 @@ def create_app(
         # so an embedding process's other tasks keep running meanwhile.
         own_pool = own_dbos = None
         if pool is None:
+            size = pool_max_size or load_settings().footprint("http").pool(HTTP_POOL)
             own_pool = await asyncio.to_thread(
-                make_pool, database_url, min_size=1, max_size=pool_max_size, name="ledgerloop-http"
+                make_pool, database_url, min_size=1, max_size=size, name="ledgerloop-http"
             )
         if dbos is None:
             try:
