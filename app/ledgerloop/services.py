@@ -87,7 +87,9 @@ async def relay_service(runtime: Runtime, stop: asyncio.Event) -> None:
         runtime.policy.mcp_servers,
         listen_url=listen_url,
         # The worker's dispatcher hears the outbox: no LISTEN connection of the relay's own.
-        notifications=runtime.notifications,
+        # Without LISTEN anywhere the relay's own safety poll finds the rows (the shared
+        # listener would wake it as often again).
+        notifications=runtime.notifications if listen_url is not None else None,
     ) as relay:
         # This worker's act steps send their effects through it (settings.inline_delivery).
         if runtime.settings.inline_delivery:
