@@ -11,9 +11,11 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -208,20 +210,24 @@ def _drive(proc: subprocess.Popen[bytes], log: Path, port: int, make_token: Make
             assert "run.finished" in seen, seen
 
 
-def _cluster(root: Path, max_connections: int) -> LocalCluster:
-    cluster = LocalCluster(root / "cluster")
-    cluster.init()
-    with (cluster.data_dir / "postgresql.conf").open("a") as conf:
-        conf.write(f"max_connections = {max_connections}\n")
-    cluster.start()
-    return cluster
+@contextmanager
+def _cluster(max_connections: int) -> Iterator[LocalCluster]:
+    """A started cluster of its own with `max_connections`."""
+    # Under /tmp, not pytest's private tmp_path: the cluster runs as another system user.
+    with tempfile.TemporaryDirectory(prefix="ledgerloop-footprint-") as tmp:
+        cluster = LocalCluster(Path(tmp) / "cluster")
+        cluster.init()
+        with (cluster.data_dir / "postgresql.conf").open("a") as conf:
+            conf.write(f"max_connections = {max_connections}\n")
+        cluster.start()
+        try:
+            yield cluster
+        finally:
+            cluster.destroy()
 
 
-def test_three_up_and_an_app_share_a_default_postgres(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
-) -> None:
-    cluster = _cluster(tmp_path_factory.mktemp("default"), 100)
-    try:
+def test_three_up_and_an_app_share_a_default_postgres(tmp_path: Path) -> None:
+    with _cluster(100) as cluster:
         url = DatabaseFactory(cluster.url).create()
         ports = [_free_port() for _ in range(3)]
         procs = [
@@ -265,8 +271,6 @@ def test_three_up_and_an_app_share_a_default_postgres(
                 proc.terminate()
             for proc in procs:
                 _stop(proc)
-    finally:
-        cluster.destroy()
     assert ours <= 45
     # Room left for the application: max_connections 100, 3 kept for superusers.
     assert 100 - 3 - in_use >= 45, f"{in_use} connections in use"
@@ -322,14 +326,10 @@ def test_a_role_connection_limit_too_low_is_refused(
 
 
 @pytest.fixture
-def small_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def small_cluster() -> Iterator[str]:
     """A cluster of its own with max_connections 20: three `up` do not fit."""
-    cluster = _cluster(tmp_path_factory.mktemp("small"), 20)
-    try:
-        factory = DatabaseFactory(cluster.url)
-        yield factory.create()
-    finally:
-        cluster.destroy()
+    with _cluster(20) as cluster:
+        yield DatabaseFactory(cluster.url).create()
 
 
 def test_a_server_without_room_is_refused_and_too_many_clients_is_named(
