@@ -15,7 +15,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
@@ -30,6 +30,9 @@ from pydantic_settings import (
 
 from ledgerloop.errors import ConfigError
 from ledgerloop.pricing import ModelPrice
+
+if TYPE_CHECKING:
+    from ledgerloop.db.footprint import Footprint, Process
 
 DEFAULT_CONFIG_FILE = "dbos-config.yaml"
 DEFAULT_TENANT = uuid.UUID(int=0)
@@ -202,13 +205,16 @@ class Settings(BaseSettings):
     dispatch_batch: int = Field(default=8, ge=1, le=1000)
     #: How often a worker looks for queued runs without being notified (the fallback).
     dispatch_fallback_s: float = Field(default=10.0, gt=0, le=300)
-    #: Connections to the database per worker: DBOS's pool and Ledgerloop's own pool.
-    #: A worker holds at most dbos_pool_size + pool_size + 3 (heartbeat, dispatch, DBOS's
-    #: listener), plus the relay's and the HTTP server's when `ledgerloop up` runs them.
-    dbos_pool_size: int = Field(default=12, ge=2, le=500)
+    #: Every database connection of one process (`ledgerloop up`, `ledgerloop relay`), its
+    #: parts and pools included (db/footprint.py splits it). The default lets three
+    #: `ledgerloop up` and an application share a default Postgres (max_connections 100).
+    max_connections: int = Field(default=15, ge=1, le=10_000)
+    #: DBOS's pool and Ledgerloop's own pool; unset (the default): their share of
+    #: max_connections. Set, they must fit under it beside the process's other connections.
+    dbos_pool_size: int | None = Field(default=None, ge=2, le=500)
     #: A stopping worker lets step bodies under way finish for up to this long.
     drain_s: float = Field(default=10.0, ge=0, le=600)
-    pool_size: int = Field(default=8, ge=2, le=500)
+    pool_size: int | None = Field(default=None, ge=2, le=500)
     #: DBOS's thread pool (its database I/O and our store calls run there). DBOS leaves it
     #: unbounded; a bound keeps thousands of concurrent runs from becoming thousands of threads.
     worker_threads: int = Field(default=16, ge=2, le=512)
@@ -264,6 +270,19 @@ class Settings(BaseSettings):
                 direct_url=self.direct_database_url,
             )
         return self
+
+    def footprint(self, process: Process = "up", *, relay: bool = True) -> Footprint:
+        """This process's connections under max_connections (db/footprint.py); a cap below
+        the process's minimum, or pool sizes that do not fit, is one ConfigError."""
+        from ledgerloop.db.footprint import plan
+
+        return plan(
+            self.max_connections,
+            process,
+            relay=relay,
+            dbos_pool_size=self.dbos_pool_size,
+            pool_size=self.pool_size,
+        )
 
     @model_validator(mode="after")
     def _timings(self) -> Settings:
@@ -325,18 +344,21 @@ class Settings(BaseSettings):
         # and a home directory is usually closed to others.
         return Path(tempfile.gettempdir()) / f"ledgerloop-sandboxes-{os.geteuid()}"
 
-    def dbos_config(self, database_url: str) -> dict[str, Any]:
-        """The DBOSConfig for this process (a TypedDict at runtime, so a plain dict here)."""
+    def dbos_config(self, database_url: str, *, pool_size: int | None = None) -> dict[str, Any]:
+        """The DBOSConfig for this process (a TypedDict at runtime, so a plain dict here).
+        `pool_size`: DBOS's pool (default: its share of a worker's footprint)."""
         from dbos import DBOSPortableJSONSerializer
 
-        from ledgerloop.db import pooling
+        from ledgerloop.db import footprint, pooling
 
         route = pooling.route(database_url)
         engine_kwargs: dict[str, Any] = {
             # No ping on every checkout (a statement per step): a connection broken by a
             # database restart fails once and SQLAlchemy then replaces the whole pool.
             "pool_pre_ping": False,
-            "connect_args": pooling.engine_connect_args(database_url, "ledgerloop-dbos"),
+            "connect_args": pooling.engine_connect_args(
+                database_url, footprint.application_name("dbos")
+            ),
         }
         pooled: dict[str, Any] = {}
         if route.pooled:
@@ -365,7 +387,7 @@ class Settings(BaseSettings):
             # Migrations run under `ledgerloop db upgrade`, with its lock; workers only verify.
             "run_migrations": False,
             "max_executor_threads": self.worker_threads,
-            "sys_db_pool_size": self.dbos_pool_size,
+            "sys_db_pool_size": pool_size or self.footprint(relay=False).pool("dbos"),
             "db_engine_kwargs": engine_kwargs,
             # DBOS flushes the NOTIFYs of its events and streams from a thread that wakes every
             # 10 ms by default, busy or idle: most of an idle worker's CPU. Ledgerloop uses

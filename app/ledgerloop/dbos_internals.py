@@ -62,6 +62,31 @@ INTERNALS: tuple[Internal, ...] = (
         ),
     ),
     Internal(
+        name="shared-listener",
+        uses="PostgresSystemDatabase._notification_listener (wrapped), SystemDatabase."
+        "use_listen_notify, notifications_map, workflow_events_map, streams_map, and the "
+        "channel names _dbos_notifications_channel, _dbos_workflow_events_channel and "
+        "_dbos_streams_channel",
+        relies_on="DBOS launches its listener thread on run_notification_listener, which marks "
+        "the listener running and calls _notification_listener; that listener LISTENs on the "
+        "three channels and sets the event registered in the matching map under the "
+        "notification's payload; with the wrapped listener returning at once, a message sent "
+        "to a waiting workflow still reaches it once the dispatcher forwards the "
+        "notification",
+        why="DBOS's listener holds a connection of its own; a bounded footprint "
+        "(LEDGERLOOP_MAX_CONNECTIONS) shares the dispatcher's LISTEN connection instead. "
+        "use_listen_notify=False, the only public switch, also stops DBOS's notifier and "
+        "makes its waits poll",
+        used_in=("app/ledgerloop/fleet/dbos_internals.py",),
+        private_names=(
+            "dbos._dbos._get_dbos_instance",
+            "dbos._sys_db._dbos_notifications_channel",
+            "dbos._sys_db._dbos_workflow_events_channel",
+            "dbos._sys_db._dbos_streams_channel",
+            "dbos._sys_db_postgres.PostgresSystemDatabase",
+        ),
+    ),
+    Internal(
         name="operation-counter",
         uses="dbos._context.get_local_dbos_context().function_id, read in workflow code right "
         "after a recv or a step (dbos_waiters.last_recv_id and last_step_id, for tracing a "

@@ -14,10 +14,12 @@ from psycopg_pool import ConnectionPool
 
 from ledgerloop.config import Settings
 from ledgerloop.db.connect import Conn
+from ledgerloop.db.footprint import Footprint
 from ledgerloop.effects.outbox import Deliverer
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.fleet.fence import Fence
 from ledgerloop.models.client import ModelClient
+from ledgerloop.streams.source import NotificationSource
 from ledgerloop.tools.policy import PolicyFile
 
 
@@ -41,6 +43,11 @@ class Runtime:
     deliverer: Deliverer | None = None
     #: The worker's dispatcher (fleet.dispatch), once it runs: tests read what it claimed.
     dispatcher: ClaimCounts | None = None
+    #: The process's connections under LEDGERLOOP_MAX_CONNECTIONS (db/footprint.py).
+    footprint: Footprint | None = None
+    #: The process's one LISTEN connection (the dispatcher's), for the relay's outbox and
+    #: the HTTP server's run streams; None before the dispatcher runs.
+    notifications: NotificationSource | None = None
 
 
 _runtime: Runtime | None = None

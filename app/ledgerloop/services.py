@@ -38,15 +38,28 @@ def build_services(settings: Settings, *, http: bool, relay: bool) -> list[Servi
     return services
 
 
-def relay_config(settings: Settings, *, listening: bool) -> RelayConfig:
+def listened_channels(*, http: bool, relay: bool) -> tuple[str, ...]:
+    """The channels `ledgerloop up`'s services hear on the worker's shared listener."""
+    from ledgerloop.effects.outbox import CHANNEL as OUTBOX
+    from ledgerloop.streams.hub import CHANNEL as RUN_EVENTS
+
+    return (*((OUTBOX,) if relay else ()), *((RUN_EVENTS,) if http else ()))
+
+
+def relay_config(
+    settings: Settings, *, listening: bool, step_connections: int | None = None
+) -> RelayConfig:
     """The relay's configuration from the settings; without LISTEN (a transaction-mode
-    pooler and no direct URL) it looks for due rows every LEDGERLOOP_POOLED_POLL_S."""
+    pooler and no direct URL) it looks for due rows every LEDGERLOOP_POOLED_POLL_S.
+    `step_connections`: the pool act steps record on (the worker's footprint)."""
     from ledgerloop.effects.attempts import RelayConfig
 
     config = RelayConfig(
         lease_margin_s=settings.relay_lease_margin_s,
         settle_after_s=settings.effect_settle_after_s,
     )
+    if step_connections is not None:
+        config = replace(config, step_connections=step_connections)
     if not listening:
         config = replace(config, safety_poll_s=min(config.safety_poll_s, settings.pooled_poll_s))
     return config
@@ -58,17 +71,25 @@ def destinations(runtime: Runtime) -> dict[str, str]:
 
 
 async def relay_service(runtime: Runtime, stop: asyncio.Event) -> None:
+    from ledgerloop.db.footprint import RELAY_STEPS
     from ledgerloop.db.pooling import session_url
     from ledgerloop.effects.relay import Relay
 
     listen_url = session_url(runtime.database_url)
-    config = relay_config(runtime.settings, listening=listen_url is not None)
+    steps = runtime.footprint.pool(RELAY_STEPS) if runtime.footprint else None
+    config = relay_config(
+        runtime.settings, listening=listen_url is not None, step_connections=steps or None
+    )
     async with Relay(
         runtime.database_url,
         destinations(runtime),
         config,
         runtime.policy.mcp_servers,
         listen_url=listen_url,
+        # The worker's dispatcher hears the outbox: no LISTEN connection of the relay's own.
+        # Without LISTEN anywhere the relay's own safety poll finds the rows (the shared
+        # listener would wake it as often again).
+        notifications=runtime.notifications if listen_url is not None else None,
     ) as relay:
         # This worker's act steps send their effects through it (settings.inline_delivery).
         if runtime.settings.inline_delivery:

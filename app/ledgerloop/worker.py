@@ -26,7 +26,16 @@ from ledgerloop.agent.definition import (
 )
 from ledgerloop.config import Settings
 from ledgerloop.db import dbos_checkpoint, dbos_journal, pooling
+from ledgerloop.db.capacity import check_room
 from ledgerloop.db.connect import guard_borrows, make_pool, watch_connections
+from ledgerloop.db.footprint import (
+    DBOS_POOL,
+    LEDGERLOOP_POOL,
+    RELAY_STEPS,
+    Footprint,
+    minimum,
+    name_executor,
+)
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.db.url import validate_url
 from ledgerloop.errors import ConfigError, LedgerloopError
@@ -55,6 +64,11 @@ class WorkerOptions:
     services: list[Callable[[Runtime, asyncio.Event], Coroutine[Any, Any, None]]] = field(
         default_factory=list
     )
+    #: The process's connections (db/footprint.py); default: a worker without the relay.
+    footprint: Footprint | None = None
+    #: Channels the services will subscribe to on the shared listener, LISTENed on from the
+    #: start (`ledgerloop up`: the outbox for the relay, run events for the HTTP API).
+    channels: tuple[str, ...] = ()
 
 
 def check_policy_tools(
@@ -164,8 +178,15 @@ def check_sandbox_tools(policy: PolicyFile, tools: dict[str, Tool]) -> None:
                 )
 
 
-def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Runtime:
-    """Everything that can fail on bad configuration, checked before anything starts."""
+def prepare(
+    settings: Settings,
+    url: str,
+    *,
+    trace_console: bool = False,
+    footprint: Footprint | None = None,
+) -> Runtime:
+    """Everything that can fail on bad configuration, checked before anything starts: the
+    policy, the schema, and room on the server for the process's connections."""
     from ledgerloop.telemetry import configure_telemetry, get_telemetry
 
     load_agent_modules(settings.agent_modules)
@@ -173,11 +194,16 @@ def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Run
     check_policy_tools(policy, settings.agent_modules, policy_file=settings.policy_file)
     check_schedules(schedules_from(settings.agent_modules), agents())
     model = make_model_client(settings)
+    footprint = footprint or settings.footprint(relay=False)
+    # Before anything else connects: a server without room is one line, not a stalled pool.
+    check_room(url, footprint, minimum(relay=footprint.pool(RELAY_STEPS) > 0))
     ensure_current(url)
     configure_telemetry(console=trace_console)
     if settings.model_prices:  # the cost metric's price table
         get_telemetry().prices = settings.model_prices
-    pool = make_pool(url, min_size=2, max_size=settings.pool_size, name="ledgerloop-worker")
+    pool = make_pool(
+        url, min_size=2, max_size=footprint.pool(LEDGERLOOP_POOL), name="ledgerloop-worker"
+    )
     limits = ModelLimits.from_settings(settings)
     if limits.per_minute:
         limiter = FleetLimiter(pool, limits)
@@ -191,6 +217,7 @@ def prepare(settings: Settings, url: str, *, trace_console: bool = False) -> Run
         model=model,
         policy=policy,
         fence=Fence(timings.lease_s),
+        footprint=footprint,
     )
 
 
@@ -212,7 +239,15 @@ async def run_worker(
     options = options or WorkerOptions()
     # DBOS parses the URL with SQLAlchemy: several hosts must reach it in the query form.
     url = validate_url(url)
-    runtime = prepare(settings, url, trace_console=options.trace_console)
+    # Every connection from here on is named `ledgerloop:<executor>:<part>`.
+    name_executor(settings.executor_id)
+    runtime = prepare(
+        settings, url, trace_console=options.trace_console, footprint=options.footprint
+    )
+    shape = runtime.footprint
+    assert shape is not None
+    log.info("connections: %s (LEDGERLOOP_MAX_CONNECTIONS)", shape.describe())
+    listen_url = pooling.session_url(url)
     install(runtime)
     tasks: list[asyncio.Task[None]] = []
     failures: list[BaseException] = []
@@ -251,7 +286,10 @@ async def run_worker(
         heartbeat.register()
         # Before DBOS recovers anything: a resumed command must not race its old container.
         await reap_sandboxes(runtime)
-        DBOS(config=settings.dbos_config(url))  # type: ignore[arg-type]
+        # DBOS's waiters hear their notifications through the dispatcher's connection.
+        dbos_internals.share_dbos_listener(listen_url is not None)
+        config = settings.dbos_config(url, pool_size=shape.pool(DBOS_POOL))
+        DBOS(config=config)  # type: ignore[arg-type]
         # DBOS's queue thread leaves Ledgerloop's queue alone: the dispatcher claims from it.
         DBOS.listen_queues([])
         dbos_internals.slow_background_jobs(settings.dispatch_fallback_s)
@@ -273,13 +311,17 @@ async def run_worker(
             batch=settings.dispatch_batch,
             fallback_s=settings.dispatch_fallback_s,
             peers=lambda: heartbeat.peers,
-            listen_url=pooling.session_url(url),
+            listen_url=listen_url,
             poll_s=settings.pooled_poll_s,
-            # DBOS runs without LISTEN behind the pooler (config.dbos_config).
-            relay_dbos_notifications=pooling.is_pooled(url),
+            # DBOS's own listener is off (share_dbos_listener), or DBOS runs without LISTEN
+            # behind the pooler (config.dbos_config): this connection hears DBOS's channels.
+            relay_dbos_notifications=listen_url is not None,
+            # Only channels someone hears: each notification wakes this thread.
+            channels=options.channels,
         )
         dispatcher.start()
         runtime.dispatcher = dispatcher
+        runtime.notifications = dispatcher
         tasks.append(asyncio.create_task(sandbox_reaper(runtime, stop), name="sandbox reaper"))
         schedules = schedules_from(settings.agent_modules)
         tasks.append(
@@ -321,6 +363,8 @@ async def run_worker(
                 log.warning("could not hand runs back (%s); peers will take them over", exc)
         await runtime.model.close()
         runtime.pool.close()
+        dbos_internals.share_dbos_listener(False)
+        name_executor(None)
         dbos_checkpoint.gate_writes(None)
         guard_borrows(None)
         watch_connections(None)

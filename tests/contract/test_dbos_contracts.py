@@ -167,6 +167,44 @@ def test_notification_waiters(cconn: Conn) -> None:
     assert _result(workflow_id, name) == "done"
 
 
+def test_shared_listener(cconn: Conn) -> None:
+    import inspect
+
+    from dbos._dbos import _get_dbos_instance
+    from dbos._sys_db import SystemDatabase
+    from dbos._sys_db_postgres import PostgresSystemDatabase
+
+    from ledgerloop.fleet import dbos_internals
+
+    name = "shared-listener"
+    starts = inspect.getsource(SystemDatabase.run_notification_listener)
+    assert "_listener_running = True" in starts, broken(
+        name, "run_notification_listener no longer marks the listener running"
+    )
+    assert "self._notification_listener()" in starts, broken(
+        name, "run_notification_listener no longer calls _notification_listener"
+    )
+    own = inspect.getsource(dbos_internals._own_listener)
+    for channel in ("_dbos_notifications_channel", "_dbos_workflow_events_channel"):
+        assert f"LISTEN {{{channel}}}" in own, broken(name, f"DBOS no longer LISTENs on {channel}")
+    assert "LISTEN {_dbos_streams_channel}" in own, broken(name, "no LISTEN on streams")
+    for mapped in ("notifications_map", "workflow_events_map", "streams_map"):
+        assert mapped in own, broken(name, f"DBOS's listener no longer sets {mapped}")
+    sys_db = _get_dbos_instance()._sys_db
+    assert isinstance(sys_db, PostgresSystemDatabase)
+    assert dbos_internals.dbos_listener_shared()
+    assert sys_db._listener_running, broken(name, "DBOS did not mark its listener running")
+    # With DBOS's own listener off, only the forwarded notification can wake a waiting recv
+    # this soon: DBOS's fallback re-check comes every 60 s.
+    workflow_id = _start(cconn)
+    sent = time.monotonic()
+    _send(cconn, workflow_id, "forwarded")
+    assert _result(workflow_id, name, timeout=20) == "forwarded"
+    assert time.monotonic() - sent < 10, broken(
+        name, "a sent message reached its waiting workflow only by DBOS's fallback poll"
+    )
+
+
 def test_operation_counter(cconn: Conn) -> None:
     name = "operation-counter"
     workflow_id = str(uuid.uuid4())

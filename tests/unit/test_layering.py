@@ -22,7 +22,8 @@ LAYERS: list[set[str]] = [
     # The HTTP API's client: it imports nothing of the server.
     {"version", "errors", "faults", "client", "pricing"},
     # Which URL runs through a pooler: registered by config, read by every connection.
-    {"db.pooling"},
+    # ... and how many connections a process may hold, and their names (db.footprint).
+    {"db.pooling", "db.footprint"},
     {"config", "failures", "telemetry"},
     {"db", "sandbox", "fleet.fence"},
     {"models", "tools", "runs", "effects"},

@@ -41,14 +41,19 @@ def up(
     """Run a worker: the agent workflows, recovery, and (by default) relay and HTTP API."""
     import asyncio
 
-    from ledgerloop.services import build_services
+    from ledgerloop.services import build_services, listened_channels
     from ledgerloop.worker import WorkerOptions, run_worker
 
     settings = load_settings()
+    # A cap below this process's minimum is refused before anything connects.
+    shape = settings.footprint("up", relay=relay)
     _log_to_stderr()
     url = reachable_database_url(settings)
     options = WorkerOptions(
-        trace_console=trace_console, services=build_services(settings, http=http, relay=relay)
+        trace_console=trace_console,
+        services=build_services(settings, http=http, relay=relay),
+        footprint=shape,
+        channels=listened_channels(http=http, relay=relay),
     )
 
     async def main() -> None:
@@ -121,16 +126,21 @@ def relay() -> None:
     import asyncio
     import signal
 
+    from ledgerloop.db.capacity import check_room
+    from ledgerloop.db.footprint import minimum, name_executor
     from ledgerloop.effects.reconciler import run_reconciler
     from ledgerloop.effects.relay import run_relay
     from ledgerloop.telemetry import configure_telemetry
     from ledgerloop.tools.policy import load_policy
 
     settings = load_settings()
+    shape = settings.footprint("relay")
     policy = load_policy(settings.policy_file)
     targets = {**policy.destination_urls(), **settings.destinations}
     mcp = policy.mcp_servers
     url = reachable_database_url(settings)
+    name_executor(settings.executor_id)
+    check_room(url, shape, minimum("relay"))
     # Deliveries and settlements are spans of the runs they belong to.
     configure_telemetry()
     from ledgerloop.db.pooling import session_url

@@ -37,6 +37,27 @@ def db_status() -> None:
     )
     for problem in state.dbos_objects:
         typer.echo(f"  {problem}")
+    _connections()
+
+
+def _connections() -> None:
+    """Ledgerloop's connections on the server (pg_stat_activity, by application_name)
+    against max_connections, and by process."""
+    from ledgerloop.config import load_settings
+    from ledgerloop.db.capacity import ledgerloop_processes, read_capacity
+
+    settings = load_settings()
+    with connection() as conn:
+        found = read_capacity(conn)
+        processes = ledgerloop_processes(conn)
+    typer.echo(
+        f"connections: {found.ledgerloop} Ledgerloop's, {found.in_use} in all, of "
+        f"max_connections {found.max_connections} ({found.reserved} reserved for "
+        f"superusers); each process may hold {settings.max_connections} "
+        "(LEDGERLOOP_MAX_CONNECTIONS)"
+    )
+    for process, count in processes:
+        typer.echo(f"  {process}: {count}")
 
 
 @db_cli.command("grant")

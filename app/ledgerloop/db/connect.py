@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from ledgerloop.db import footprint
 from ledgerloop.db.errors import DatabasePrivilegeError, translated
 from ledgerloop.db.pooling import connect_kwargs
 from ledgerloop.db.sql import load_queries
@@ -30,7 +31,7 @@ def connect(url: str, *, autocommit: bool = False, application_name: str = "ledg
             url,
             autocommit=autocommit,
             row_factory=dict_row,
-            application_name=application_name,
+            application_name=footprint.application_name(application_name),
             **connect_kwargs(url),
         )
 
@@ -94,7 +95,11 @@ def make_pool(
         min_size=min_size,
         max_size=max_size,
         name=name,
-        kwargs={"row_factory": dict_row, "application_name": name, **connect_kwargs(url)},
+        kwargs={
+            "row_factory": dict_row,
+            "application_name": footprint.application_name(name),
+            **connect_kwargs(url),
+        },
         configure=_configure,
         open=False,
     )

@@ -33,6 +33,14 @@ class DatabaseAuthenticationFailed(LedgerloopError):
     """The database refused the user's password (or its absence)."""
 
 
+class DatabaseFull(LedgerloopError):
+    """The server (or a role's or database's CONNECTION LIMIT) has no room for more
+    connections: "too many clients", or too few free for a process's footprint."""
+
+    # A step that meets it may succeed once another client lets a connection go.
+    retryable = True
+
+
 class DatabaseMissing(LedgerloopError):
     """The database does not exist."""
 
@@ -107,6 +115,13 @@ def translated(url: str, action: str) -> Iterator[None]:
                 fix="check the password for that user in LEDGERLOOP_DATABASE_URL (or "
                 "PGPASSWORD, ~/.pgpass), and that the user exists",
             ) from exc
+        if _FULL.search(str(exc)):
+            raise DatabaseFull(
+                f"the database at {target} refused a connection: {_full_reason(str(exc))}",
+                fix="raise max_connections (or the role's or database's CONNECTION LIMIT), "
+                "stop other clients, or lower LEDGERLOOP_MAX_CONNECTIONS; `ledgerloop db "
+                "status` shows Ledgerloop's connections",
+            ) from exc
         if "permission denied" in text:
             raise DatabasePrivilegeError(
                 f"{action} on {target} was refused: {text}",
@@ -125,6 +140,23 @@ def translated(url: str, action: str) -> Iterator[None]:
 _AUTH_FAILED = re.compile(
     r"authentication failed for user|no password supplied|password authentication failed"
 )
+
+
+#: The server's words when it has no slot for a new connection (SQLSTATE 53300): in all,
+#: reserved for superusers (or pg_use_reserved_connections), or a CONNECTION LIMIT.
+_FULL = re.compile(
+    r"too many clients already|remaining connection slots are reserved|"
+    r"too many connections for (role|database)"
+)
+
+
+def _full_reason(text: str) -> str:
+    found = _FULL.search(text)
+    if found is None:
+        return "no free connection"
+    start = text.rfind("FATAL:", 0, found.start())
+    start = start + len("FATAL:") if start >= 0 else found.start()
+    return text[start:].splitlines()[0].strip()
 
 
 def _auth_reason(text: str) -> str:

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from ledgerloop.db import footprint
 from ledgerloop.db.errors import DatabaseUnreachable, translated
 from ledgerloop.db.pooling import connect_kwargs
 from ledgerloop.db.url import validate_url
@@ -41,7 +42,7 @@ async def connect_async(url: str, application_name: str = "ledgerloop-relay") ->
             url,
             autocommit=True,
             row_factory=dict_row,
-            application_name=application_name,
+            application_name=footprint.application_name(application_name),
             **connect_kwargs(url),
         )
 
@@ -61,7 +62,7 @@ async def open_async_pool(url: str, size: int, name: str) -> AsyncConnectionPool
         kwargs={
             "autocommit": True,
             "row_factory": dict_row,
-            "application_name": name,
+            "application_name": footprint.application_name(name),
             **connect_kwargs(url),
         },
         open=False,
@@ -79,7 +80,7 @@ async def connect_async_or_later(url: str, who: str) -> AConn | None:
     password, a missing database) is still raised: waiting would not fix it.
     """
     try:
-        return await connect_async(url)
+        return await connect_async(url, f"ledgerloop-{who.replace(' ', '-')}")
     except DatabaseUnreachable as exc:
         log.warning("%s starts without a database connection and will reconnect: %s", who, exc)
         return None

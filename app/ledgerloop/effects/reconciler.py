@@ -277,7 +277,7 @@ class Reconciler:
         if self._conn is not None:
             await self._conn.close()
         try:
-            self._conn = await connect_async(self.url)
+            self._conn = await connect_async(self.url, "ledgerloop-reconciler")
         except LedgerloopError as exc:
             log.warning("reconciler cannot reconnect yet: %s", exc)
 

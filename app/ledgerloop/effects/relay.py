@@ -56,6 +56,7 @@ from ledgerloop.errors import LedgerloopError
 from ledgerloop.mcptools.calls import call_tool
 from ledgerloop.mcptools.client import McpConnections
 from ledgerloop.mcptools.spans import call_facts, merge_sdk_spans
+from ledgerloop.streams.source import NotificationSource
 from ledgerloop.telemetry.effect_spans import delivery_span, mcp_delivery_span
 from ledgerloop.tools.policy import McpServer
 
@@ -85,8 +86,12 @@ class Relay:
         mcp_servers: Mapping[str, McpServer] | None = None,
         *,
         listen_url: str | None = "",
+        notifications: NotificationSource | None = None,
     ) -> None:
         self.url = url
+        #: The process's shared listener (`ledgerloop up`: the dispatcher's connection);
+        #: None: the relay LISTENs on a connection of its own.
+        self.notifications = notifications
         #: Where the relay LISTENs (a direct connection: a transaction-mode pooler drops
         #: notifications); None: it does not, and its safety poll finds the rows.
         # Default: the route registered for `url` (its direct URL behind a pooler).
@@ -282,6 +287,9 @@ class Relay:
         self._slot_freed.set()
 
     async def _listen_loop(self, stop: asyncio.Event) -> None:
+        if self.notifications is not None:
+            await self._hear_shared(self.notifications, stop)
+            return
         if self.listen_url is None:
             return
         while not stop.is_set():
@@ -298,6 +306,24 @@ class Relay:
                 self.listening.clear()
                 log.warning("relay listener on %s lost its connection: %s", CHANNEL, exc)
                 await _wait_any(self.config.reconnect_s, stop)
+
+    async def _hear_shared(self, source: NotificationSource, stop: asyncio.Event) -> None:
+        """Wake on the outbox's notifications heard by the process's shared listener (and
+        when it reconnected: rows inserted meanwhile are due now)."""
+        loop = asyncio.get_running_loop()
+
+        def heard(_: str | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the relay is gone
+                loop.call_soon_threadsafe(self._wake.set)
+
+        unsubscribe = source.subscribe(CHANNEL, heard)
+        try:
+            self.listening.set()
+            self._wake.set()
+            await stop.wait()
+        finally:
+            unsubscribe()
+            self.listening.clear()
 
     # -- delivery for an act step ---------------------------------------------------------
 

@@ -31,6 +31,9 @@
 - Behind a transaction-mode pooler DBOS runs without LISTEN; the dispatcher's direct
   connection LISTENs on DBOS's message channel and sets DBOS's waiters as its listener would
   (`signal_message_waiters`).
+- A worker's DBOS opens no listener connection of its own: the dispatcher's LISTENs on
+  DBOS's three channels and forwards each notification (`share_dbos_listener`,
+  `forward_dbos_notification`), one connection fewer per process (db/footprint.py).
 
 tests/integration/test_fleet_dispatch.py and test_fleet_takeover.py fail if any of these
 stops working.
@@ -52,7 +55,11 @@ from dbos._context import get_local_dbos_context
 from dbos._core import execute_dequeued_workflow
 from dbos._dbos import _get_dbos_instance
 from dbos._error import DBOSWorkflowConflictIDError
-from dbos._sys_db import _dbos_notifications_channel
+from dbos._sys_db import (
+    _dbos_notifications_channel,
+    _dbos_streams_channel,
+    _dbos_workflow_events_channel,
+)
 from dbos._utils import GlobalParams, generate_uuid
 from psycopg.rows import dict_row
 
@@ -64,16 +71,79 @@ Q = load_queries("ledgerloop.fleet")
 DBOS_NOTIFICATIONS_CHANNEL = _dbos_notifications_channel
 
 
+#: DBOS's channels for workflow events and streams (notified by its notifier thread).
+DBOS_EVENTS_CHANNEL = _dbos_workflow_events_channel
+DBOS_STREAMS_CHANNEL = _dbos_streams_channel
+#: Every channel DBOS's own listener LISTENs on.
+DBOS_CHANNELS = (DBOS_NOTIFICATIONS_CHANNEL, DBOS_EVENTS_CHANNEL, DBOS_STREAMS_CHANNEL)
+
+
 def signal_message_waiters(payload: str) -> None:
     """Do what DBOS's own listener does with a message notification: set the waiters of its
     key. Behind a transaction-mode pooler DBOS runs without LISTEN (its listener would
     LISTEN through the pooler and hear nothing), and the dispatcher's direct connection
     hears these for it."""
+    forward_dbos_notification(DBOS_NOTIFICATIONS_CHANNEL, payload)
+
+
+def forward_dbos_notification(channel: str, payload: str | None) -> None:
+    """Do what DBOS's listener does with a notification on one of its channels: set the
+    event waiting under the payload's key (messages, workflow events, stream writes)."""
     if not payload:
         return
-    event = _get_dbos_instance()._sys_db.notifications_map.get(payload)
+    sys_db = _get_dbos_instance()._sys_db
+    waiting = {
+        DBOS_NOTIFICATIONS_CHANNEL: sys_db.notifications_map,
+        DBOS_EVENTS_CHANNEL: sys_db.workflow_events_map,
+        DBOS_STREAMS_CHANNEL: sys_db.streams_map,
+    }.get(channel)
+    event = waiting.get(payload) if waiting is not None else None
     if event is not None:
         event.set()
+
+
+#: Set while this process's DBOS hears its notifications through Ledgerloop's listener.
+_shared_listener = False
+_own_listener: Any = None
+
+
+def share_dbos_listener(shared: bool) -> None:
+    """Whether the DBOS launched next in this process gives up its own LISTEN connection.
+
+    DBOS's listener thread holds a connection of its own for LISTEN on its three channels;
+    the dispatcher already holds one, so it LISTENs on DBOS's channels too and forwards each
+    notification (`forward_dbos_notification`): one connection fewer per worker. DBOS has no
+    setting for this (use_listen_notify=False would also stop its notifier, and its waits
+    would poll), so its listener method is wrapped: for this process's DBOS it returns at
+    once, after DBOS marked its listener running (its waits then re-check the database only
+    as a fallback, every 60 s). Any other DBOS system database in the process (a DBOSClient
+    with use_listen_notify) keeps its own listener."""
+    global _shared_listener, _own_listener
+    from dbos._sys_db_postgres import PostgresSystemDatabase
+
+    if _own_listener is None:
+        _own_listener = PostgresSystemDatabase._notification_listener
+
+        def listener(self: PostgresSystemDatabase) -> None:
+            if _shared_listener and self.use_listen_notify and _is_launched_sys_db(self):
+                return None
+            _own_listener(self)
+            return None
+
+        PostgresSystemDatabase._notification_listener = listener  # type: ignore[method-assign]
+    _shared_listener = shared
+
+
+def _is_launched_sys_db(sys_db: object) -> bool:
+    try:
+        return _get_dbos_instance()._sys_db is sys_db
+    except Exception:
+        return False
+
+
+def dbos_listener_shared() -> bool:
+    """True while this process's DBOS runs without its own listener (tests read it)."""
+    return _shared_listener
 
 
 def execution_owner() -> str | None:

@@ -16,6 +16,11 @@ Behind a transaction-mode pooler (db/pooling.py) the dispatcher LISTENs on the d
 and there it also relays DBOS's message notifications to DBOS's waiters (DBOS runs without
 LISTEN then: its own listener would LISTEN through the pooler and hear nothing). With no
 direct URL it cannot LISTEN at all: it claims every `poll_s` on a pooled connection.
+
+Its connection is the process's one LISTEN connection (db/footprint.py): it also LISTENs on
+DBOS's channels for DBOS (whose own listener is off, fleet/dbos_internals.py
+`share_dbos_listener`) and on the channels other parts subscribe to (`subscribe`: the
+relay's outbox, the HTTP server's run events), and calls their callbacks from its thread.
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
 
-from ledgerloop.db import pooling
+from ledgerloop.db import footprint, pooling
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.fence import Fence
 
@@ -54,7 +60,12 @@ class Dispatcher:
         listen_url: str | None = "",
         poll_s: float = 1.0,
         relay_dbos_notifications: bool = False,
+        channels: Iterable[str] = (),
     ) -> None:
+        """`relay_dbos_notifications`: LISTEN on DBOS's channels and forward what arrives to
+        DBOS's waiters (DBOS runs without a listener of its own). `channels`: channels others
+        will `subscribe` to, LISTENed on from the start (one subscribed later is LISTENed on
+        at the thread's next wake-up)."""
         self.url = url
         #: Where it LISTENs and claims; None: nowhere to LISTEN (it polls every poll_s).
         # Default: the route registered for `url` (its direct URL behind a pooler).
@@ -69,6 +80,11 @@ class Dispatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ledgerloop-dispatch", daemon=True)
         self._conn: psycopg.Connection[Any] | None = None
+        #: Subscribers by channel (`subscribe`), and the channels the connection LISTENs on.
+        self._callbacks: dict[str, list[Callable[[str | None], None]]] = defaultdict(list)
+        self._channels: set[str] = set(channels)
+        self._listening: set[str] = set()
+        self._lock = threading.Lock()
         # This dispatcher's own channel: stop() notifies it, so the thread can sleep until a
         # run or the fallback is due instead of waking every half second to look at _stop.
         self._wake = f"ledgerloop_dispatch_{uuid.uuid4().hex}"
@@ -80,14 +96,69 @@ class Dispatcher:
     def start(self) -> None:
         self._thread.start()
 
+    def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> Callable[[], None]:
+        """Call `callback` (from the dispatcher's thread) with each notification's payload on
+        `channel`, and with None after the connection came back (notifications sent meanwhile
+        are lost: re-read), until the returned function is called. Callbacks must be quick
+        and must not block: claims wait behind them. streams.source.NotificationSource."""
+        if not channel.replace("_", "").isalnum():
+            raise ValueError(f"channel {channel!r} is not a plain identifier")
+        with self._lock:
+            self._callbacks[channel].append(callback)
+            new = channel not in self._channels
+            self._channels.add(channel)
+        if new and self._thread.is_alive() and self.listen_url is not None:
+            # The thread may sleep in its wait for seconds: wake it to LISTEN (once per
+            # channel per process; `ledgerloop up` names its channels up front instead).
+            threading.Thread(target=self._nudge, name="ledgerloop-dispatch-nudge").start()
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._callbacks[channel]:
+                    self._callbacks[channel].remove(callback)
+
+        return unsubscribe
+
+    def _tell(self, channel: str | None, payload: str | None) -> None:
+        with self._lock:
+            targets = [
+                cb
+                for name, callbacks in self._callbacks.items()
+                if channel is None or name == channel
+                for cb in callbacks
+            ]
+        for callback in targets:
+            try:
+                callback(payload)
+            except Exception:  # a subscriber's bug must not stop dispatch
+                log.exception("notification callback on %s failed", channel)
+
+    def _listen_more(self, conn: psycopg.Connection[Any]) -> None:
+        """LISTEN on channels subscribed since the connection was made."""
+        with self._lock:
+            new = self._channels - self._listening
+        for channel in sorted(new):
+            conn.execute(f"LISTEN {channel}")
+            self._listening.add(channel)
+
+    def _nudge(self) -> None:
+        """Wake the thread from its wait (on a short connection: the process's spare)."""
+        assert self.listen_url is not None
+        try:
+            with psycopg.connect(
+                self.listen_url,
+                autocommit=True,
+                connect_timeout=2,
+                application_name=footprint.application_name("spare"),
+            ) as conn:
+                conn.execute("SELECT pg_notify(%s, '')", (self._wake,))
+        except psycopg.Error:
+            pass  # the database is gone: the thread is already failing, waiting on _stop
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self.listen_url is not None:
-            try:
-                with psycopg.connect(self.listen_url, autocommit=True, connect_timeout=2) as conn:
-                    conn.execute("SELECT pg_notify(%s, '')", (self._wake,))
-            except psycopg.Error:
-                pass  # the database is gone: the thread is already failing, waiting on _stop
+            self._nudge()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
@@ -98,34 +169,53 @@ class Dispatcher:
                 conn = psycopg.connect(
                     self.url,
                     autocommit=True,
-                    application_name="ledgerloop-dispatch",
+                    application_name=footprint.application_name("listener"),
                     **pooling.connect_kwargs(self.url),
                 )
             else:
                 conn = psycopg.connect(
-                    self.listen_url, autocommit=True, application_name="ledgerloop-dispatch"
+                    self.listen_url,
+                    autocommit=True,
+                    application_name=footprint.application_name("listener"),
                 )
                 conn.execute(f"LISTEN {CHANNEL}")
                 conn.execute(f"LISTEN {self._wake}")
                 if self.relay_dbos_notifications:
-                    conn.execute(f"LISTEN {dbos_internals.DBOS_NOTIFICATIONS_CHANNEL}")
+                    for channel in dbos_internals.DBOS_CHANNELS:
+                        conn.execute(f"LISTEN {channel}")
+                self._listening = set()
+                self._listen_more(conn)
             self._conn = conn
+            # Subscribers re-read what they follow: notifications sent while nobody
+            # listened (before this connection, or while it was down) are gone.
+            self._tell(None, None)
         return self._conn
 
     def _wait(self, conn: psycopg.Connection[Any], wait: float) -> bool:
         """Sleep until a run is queued (True), the wait is over or a stop; relay DBOS's
         message notifications that arrive meanwhile."""
         if self.listen_url is None:
+            # Nowhere to LISTEN: subscribers re-read every poll instead (as PgListener does).
             self._stop.wait(wait)
+            self._tell(None, None)
             return False
         deadline = time.monotonic() + wait
         while True:
-            for notify in conn.notifies(timeout=max(0.0, deadline - time.monotonic())):
-                if notify.channel == dbos_internals.DBOS_NOTIFICATIONS_CHANNEL:
-                    dbos_internals.signal_message_waiters(notify.payload)
-                    continue
-                return True
-            if not self.relay_dbos_notifications or time.monotonic() >= deadline:
+            # A channel subscribed meanwhile: `subscribe` woke this thread to LISTEN on it.
+            self._listen_more(conn)
+            left = max(0.0, deadline - time.monotonic())
+            for notify in conn.notifies(timeout=left):
+                if notify.channel == CHANNEL:
+                    return True
+                if notify.channel == self._wake:
+                    if self._stop.is_set():
+                        return True
+                    break
+                if notify.channel in dbos_internals.DBOS_CHANNELS:
+                    dbos_internals.forward_dbos_notification(notify.channel, notify.payload)
+                else:
+                    self._tell(notify.channel, notify.payload)
+            if time.monotonic() >= deadline:
                 return False
 
     def _run(self) -> None:

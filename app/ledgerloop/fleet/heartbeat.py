@@ -41,7 +41,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from ledgerloop.db import dbos_checkpoint, pooling
+from ledgerloop.db import dbos_checkpoint, footprint, pooling
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
 from ledgerloop.fleet.fence import Fence
@@ -220,7 +220,7 @@ class Heartbeat:
             autocommit=True,
             row_factory=dict_row,
             connect_timeout=timeout,
-            application_name="ledgerloop-heartbeat",
+            application_name=footprint.application_name("heartbeat"),
             **pooling.connect_kwargs(url),
         )
         self._session_since = None

@@ -17,13 +17,16 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
+from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ledgerloop.config import load_settings
 from ledgerloop.control.timeline import dbos_client
-from ledgerloop.db.connect import make_pool
+from ledgerloop.db.connect import Conn, make_pool
+from ledgerloop.db.footprint import HTTP_POOL
 from ledgerloop.errors import LedgerloopError
 from ledgerloop.http.errors import (
     PayloadTooLarge,
@@ -63,27 +66,37 @@ def create_app(
     database_url: str,
     *,
     agent_names: Iterable[str],
-    pool_max_size: int = 10,
+    pool_max_size: int | None = None,
     notifications: NotificationSource | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
+    pool: ConnectionPool[Conn] | None = None,
+    dbos: Any = None,
 ) -> FastAPI:
     """`notifications`: where the run event streams hear of new events; by default a
     LISTEN connection of the app's own (streams/source.py). `prices`: the model price table
-    timelines are costed by (LEDGERLOOP_MODEL_PRICES)."""
+    timelines are costed by (LEDGERLOOP_MODEL_PRICES). `pool` and `dbos` (DBOS itself or a
+    DBOSClient, for reading steps): borrowed from the embedding process (`ledgerloop up`: the
+    worker's), which opens and closes them; by default the app opens its own, within
+    LEDGERLOOP_MAX_CONNECTIONS (`pool_max_size`, default: its share of it)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Both open synchronously (the pool waits for its first connection): off the loop,
         # so an embedding process's other tasks keep running meanwhile.
-        pool = await asyncio.to_thread(
-            make_pool, database_url, min_size=1, max_size=pool_max_size, name="ledgerloop-http"
-        )
-        try:
-            dbos = await asyncio.to_thread(dbos_client, database_url)
-        except BaseException:
-            await asyncio.to_thread(pool.close)
-            raise
-        app.state.pool, app.state.dbos = pool, dbos
+        own_pool = own_dbos = None
+        if pool is None:
+            size = pool_max_size or load_settings().footprint("http").pool(HTTP_POOL)
+            own_pool = await asyncio.to_thread(
+                make_pool, database_url, min_size=1, max_size=size, name="ledgerloop-http"
+            )
+        if dbos is None:
+            try:
+                own_dbos = await asyncio.to_thread(dbos_client, database_url)
+            except BaseException:
+                if own_pool is not None:
+                    await asyncio.to_thread(own_pool.close)
+                raise
+        app.state.pool, app.state.dbos = pool or own_pool, dbos or own_dbos
         # One listener for every stream this process serves (streams/hub.py), unless the
         # process hands its own source in.
         listener: PgListener | None = None
@@ -100,8 +113,10 @@ def create_app(
             app.state.hub.stop()
             if listener is not None:
                 await asyncio.to_thread(listener.close)
-            await asyncio.to_thread(dbos.destroy)
-            await asyncio.to_thread(pool.close)
+            if own_dbos is not None:
+                await asyncio.to_thread(own_dbos.destroy)
+            if own_pool is not None:
+                await asyncio.to_thread(own_pool.close)
 
     app = FastAPI(
         title="Ledgerloop",

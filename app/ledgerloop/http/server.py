@@ -132,6 +132,16 @@ async def serve_http(runtime: Runtime, stop: asyncio.Event) -> None:
     settings = runtime.settings
     # A failure here (the port is taken) stops the worker; run_worker re-raises it, so
     # `ledgerloop up` exits 2 with that one line.
+    from dbos import DBOS
+
     sock = listen(settings.http_host, settings.http_port)
-    app = create_app(runtime.database_url, agent_names=agents(), prices=settings.model_prices)
+    # The worker's pool, DBOS and LISTEN connection: the API opens no connection of its own.
+    app = create_app(
+        runtime.database_url,
+        agent_names=agents(),
+        pool=runtime.pool,
+        dbos=DBOS,
+        notifications=runtime.notifications,
+        prices=settings.model_prices,
+    )
     await run_server(app, sock, stop, wait_for_database=True)

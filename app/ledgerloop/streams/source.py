@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from ledgerloop.db import pooling
+from ledgerloop.db import footprint, pooling
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,9 @@ class PgListener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(
-                    self.listen_url, autocommit=True, application_name="ledgerloop-stream-listen"
+                    self.listen_url,
+                    autocommit=True,
+                    application_name=footprint.application_name("stream-listen"),
                 ) as conn:
                     with self._lock:
                         self._conn = conn
