@@ -199,6 +199,11 @@ class Heartbeat:
         #: Called with what each rewind check that found something found (the worker drops
         #: its in-memory state for those runs there).
         self.on_rewind: Callable[[Rewind], None] | None = None
+        #: Called after each rewind check (the database was away, or failed over): messages
+        #: notified meanwhile were not heard (the worker wakes their waiters there).
+        self.on_reconnect: Callable[[], None] | None = None
+        #: When the follow-up of the last rewind check is due (see `_tick`).
+        self._recheck_at: float | None = None
 
     # -- connection ----------------------------------------------------------------------
 
@@ -390,6 +395,13 @@ class Heartbeat:
         if self._check_rewind:
             self.rewind_check(conn)
             self._check_rewind = False
+            # Claims younger than the grace were not judged: judge them once it has passed.
+            self._recheck_at = self._clock() + CLAIM_GRACE_MS / 1000
+            self._reconnected()
+        elif self._recheck_at is not None and self._clock() >= self._recheck_at:
+            self._recheck_at = None
+            self.rewind_check(conn)
+            self._reconnected()
         self._take_lock(conn)
         self._ticks += 1
         lease_s = self.timings.busy_lease_s if self.busy() else self.timings.lease_s
@@ -449,21 +461,34 @@ class Heartbeat:
                 )
         return takeovers
 
+    @property
+    def timeline(self) -> int | None:
+        """The server's timeline as of the last check (None: unknown)."""
+        return self._timeline
+
     def observe(self, conn: Conn) -> None:
         """A new connection of this worker's pools: when it reaches another timeline than the
         heartbeat's (a promoted standby), close the fence now, before the heartbeat's own
         connection fails, and have the next tick run the rewind check. Never raises; leaves
         `conn` idle."""
-        known = self._timeline
-        if known is None:
+        if self._timeline is None:
             return
         try:
             with conn.transaction():
                 row = conn.execute(Q["executor_timeline"]).fetchone()
         except psycopg.Error:
             return
-        timeline = None if row is None else row["timeline"]
-        if timeline is not None and int(timeline) != known and not self._check_rewind:
+        self.observe_timeline(None if row is None else row["timeline"])
+
+    def observe_timeline(self, timeline: int | None) -> bool:
+        """A connection (of any kind: this worker's pools, DBOS's engine, the relay's) reached
+        `timeline`. Another than the heartbeat's: the database failed over; the fence closes
+        until the rewind check has run. Returns whether a rewind check is pending (the caller
+        then waits for it before its first statement: `Fence.wait_valid`)."""
+        known = self._timeline
+        if known is None or timeline is None or int(timeline) == known:
+            return self._check_rewind
+        if not self._check_rewind:
             self.fence.suspend()
             self._check_rewind = True
             log.warning(
@@ -472,6 +497,7 @@ class Heartbeat:
                 timeline,
                 known,
             )
+        return True
 
     def rewind_check(self, conn: Conn) -> Rewind:
         """Did the database go back in time under this worker? Puts back on the queue what it
@@ -535,6 +561,13 @@ class Heartbeat:
                 "the server's timeline moved %s -> %s; nothing recorded was lost", before, after
             )
         return rewind
+
+    def _reconnected(self) -> None:
+        if self.on_reconnect is not None:
+            try:
+                self.on_reconnect()
+            except Exception:
+                log.warning("waking message waiters after a reconnection failed", exc_info=True)
 
     def _taken_over(self, conn: Conn) -> None:
         # Our row is gone: a peer judged us dead (we were frozen, starved or cut off past
