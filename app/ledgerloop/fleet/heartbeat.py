@@ -313,6 +313,7 @@ class Heartbeat:
                     "lock_key": self._lock_key,
                     "software_version": software_version(),
                     "my_lease_s": self.timings.lease_s,
+                    "timeline": self._timeline,
                 },
             )
         self.fence.renew(sent, self.timings.lease_s)
@@ -413,11 +414,18 @@ class Heartbeat:
                     "id": self.executor_id,
                     "session_since": self._session_since,
                     "my_lease_s": lease_s,
+                    "timeline": self._timeline,
                     **self.timings.params(),
                 },
             ).fetchall()
         mine, others = rows[0], rows[1:]
         self.peers = int(mine["peers"])
+        if mine["rewound"]:
+            log.warning(
+                "%d runs taken over from workers that last heartbeat before a failover were "
+                "marked rewound: their writes are found again by their key before any send",
+                mine["rewound"],
+            )
         due = mine["due_s"]
         # A little past the moment, so the database's clock is past it too; never a busy loop
         # (a peer being taken over by another survivor right now stays due for a moment).
