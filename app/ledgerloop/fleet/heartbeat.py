@@ -19,7 +19,15 @@ lately must still be in the journal. Those that are not, and the PENDING workflo
 worker it no longer executes (a run whose end was lost), go back on the queue; the fence is
 revoked, so every execution here checks its ownership before its next step, and those of the
 workflows put back stop there. The next execution resumes each from the journal the database
-now holds, through the fence as after a takeover.
+now holds, through the fence as after a takeover. The check runs once more when its claim
+grace has passed (claims younger than it were not judged), and after each the worker wakes its
+message waits (notifications sent while DBOS's listener reconnected are lost).
+
+Every connection the worker opens reads the server's timeline first (`observe_timeline`: its
+pool's, DBOS's engine's, the relay's and reconciler's); one on another timeline than the
+heartbeat's closes the fence and waits for the check. Each heartbeat records the timeline in
+the worker's row, so a takeover of a worker that died with the old primary (it never ran the
+check) marks its runs rewound.
 """
 
 from __future__ import annotations
@@ -61,13 +69,18 @@ SESSION_MARGIN_S = 0.1
 #: An early tick for a peer whose session is gone comes this long after its lease ran out.
 DUE_MARGIN_S = 0.02
 
-#: How long this worker remembers the last checkpoint of a workflow it executed: a failover
-#: that loses more than this much of the recent past is not followed for older runs (their
-#: end, if lost, shows in `ledgerloop runs stuck` and is put back by the rewind check only
-#: while they are PENDING under this worker).
+#: How long this worker remembers the last checkpoint of a workflow it executed. A failover
+#: loses only the replication lag of that moment (failover managers refuse to promote a
+#: replica lagging past a bound): anything older is on the new primary, so memory past any lag
+#: a failover may lose is never consulted. 10 minutes is far past such bounds, at one small
+#: entry per workflow checkpointed meanwhile (docs/operations.md, Failover).
 REMEMBER_S = 600.0
 
-#: A workflow claimed this recently may not be known to the fence yet: not judged idle.
+#: A workflow claimed this recently may not be known to the fence yet (its execution is
+#: handed to the event loop after the claim commits: milliseconds, about a second on a
+#: 2-core machine loaded three times over): not judged idle, but judged again by a second
+#: check once this has passed. A late execution judged idle stops at its first ownership check
+#: and its run is claimed afresh; nothing is lost either way.
 CLAIM_GRACE_MS = 2000
 
 #: How often a worker publishes the workflows it executes (`ledgerloop runs stuck`).
