@@ -34,7 +34,6 @@ database that lost the steps before it would leave a hole in the journal.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import logging
 import threading
@@ -110,17 +109,6 @@ RETRY_OWN_S = 30.0
 _written: dict[str, tuple[int, float]] = {}
 #: Called before each checkpoint (blocks while writes must wait; see `gate_writes`).
 _gate: Callable[[], object] | None = None
-
-
-#: Set while a checkpoint borrows its connection (the pool's guard tells it from a body's).
-_checkpointing: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "ledgerloop_checkpointing", default=False
-)
-
-
-def checkpointing() -> bool:
-    """Whether the caller is a step's checkpoint (not its body)."""
-    return _checkpointing.get()
 
 
 def gate_writes(gate: Callable[[], object] | None) -> None:
@@ -288,13 +276,6 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
         }
 
         def attempt() -> None:
-            token = _checkpointing.set(True)
-            try:
-                attempt_once()
-            finally:
-                _checkpointing.reset(token)
-
-        def attempt_once() -> None:
             with pool.connection() as conn:
                 conn.autocommit = True
                 try:

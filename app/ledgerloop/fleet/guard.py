@@ -22,10 +22,8 @@ from contextlib import contextmanager
 from functools import wraps
 from typing import Any, TypeVar, cast
 
-import psycopg
 from dbos import DBOS
 
-from ledgerloop.db import dbos_checkpoint
 from ledgerloop.db.sql import load_queries
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.fence import Fence, FenceClosed
@@ -181,16 +179,7 @@ def borrow_guard(fence: Fence, wait_s: float) -> Callable[[], None]:
         if owner is None:
             return
         fence.wait_valid(wait_s)
-        if owner in fence.stale:
+        if owner in fence.stale or fence.began_before(owner):
             raise dbos_internals.lost_ownership(DBOS.workflow_id or "")
-        if fence.began_before(owner):
-            if dbos_checkpoint.checkpointing():
-                # The body is done: its writes before the loss cannot be written again here.
-                raise dbos_internals.lost_ownership(DBOS.workflow_id or "")
-            # A body under way: transient, so the step runs its body again on the database
-            # as it is now (what it received is kept: no model call is asked again).
-            raise psycopg.OperationalError(
-                "the database went back in time under this step; it runs again"
-            )
 
     return guard

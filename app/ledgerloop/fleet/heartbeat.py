@@ -215,12 +215,8 @@ class Heartbeat:
         #: Called after each rewind check (the database was away, or failed over): messages
         #: notified meanwhile were not heard (the worker wakes their waiters there).
         self.on_reconnect: Callable[[], None] | None = None
-        #: The database's time of this worker's last heartbeat that landed.
-        self._beat_at: datetime | None = None
         #: When the follow-up of the last rewind check is due (see `_tick`).
         self._recheck_at: float | None = None
-        #: Whether the rewind check runs again with each publish (see `_tick`).
-        self._idle_watch = False
 
     # -- connection ----------------------------------------------------------------------
 
@@ -418,7 +414,7 @@ class Heartbeat:
             self._reconnected()
         elif self._recheck_at is not None and self._clock() >= self._recheck_at:
             self._recheck_at = None
-            self._idle_watch = bool(self.rewind_check(conn).moved) or self.fence.era > 0
+            self.rewind_check(conn)
             self._reconnected()
         self._take_lock(conn)
         self._ticks += 1
@@ -437,8 +433,6 @@ class Heartbeat:
             ).fetchall()
         mine, others = rows[0], rows[1:]
         self.peers = int(mine["peers"])
-        if mine["alive"]:
-            self._beat_at = mine["beat_at"]
         if mine["rewound"]:
             log.warning(
                 "%d runs taken over from workers that last heartbeat before a failover were "
@@ -468,10 +462,6 @@ class Heartbeat:
                 self.on_takeover(takeover)
         # What this worker executes, for `ledgerloop runs stuck`: every PUBLISH_EVERY_S.
         if self._ticks % max(1, int(PUBLISH_EVERY_S / self.timings.heartbeat_s)) == 0:
-            if self._idle_watch:
-                # After a failover, until a pass finds nothing: executions that stopped since
-                # (a step body that began before the loss) leave their runs PENDING here.
-                self._idle_watch = bool(self.rewind_check(conn).moved)
             with self._bounded(conn):
                 conn.execute(
                     Q["executor_executing"],
@@ -520,6 +510,7 @@ class Heartbeat:
         if known is None or timeline is None or int(timeline) == known:
             return self._check_rewind
         if not self._check_rewind:
+            self.fence.moved_on()
             self.fence.suspend()
             self._check_rewind = True
             log.warning(
@@ -559,12 +550,7 @@ class Heartbeat:
         moved = list(row["moved"]) if row else []
         rewind = Rewind(lost, moved, before, after)
         changed = before is not None and after is not None and before != after
-        beat_at = row["beat_at"] if row else None
-        went_back = bool(lost) or (
-            self._beat_at is not None and beat_at is not None and beat_at < self._beat_at
-        )
-        if went_back:
-            # Commits were lost: a step body under way may have written before the loss.
+        if changed:
             self.fence.moved_on()
         if lost or moved or changed:
             # Every execution here checks its ownership before its next step: those put

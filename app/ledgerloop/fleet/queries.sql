@@ -145,11 +145,11 @@ peers AS (
   WHERE e.id <> %(id)s AND e.id NOT IN (SELECT id FROM dead)
     AND e.heartbeat_at >= now() - make_interval(secs => %(stale_s)s)
 )
-SELECT %(id)s AS id, EXISTS (SELECT 1 FROM me) AS alive, NULL::text AS hostname, now() AS beat_at,
+SELECT %(id)s AS id, EXISTS (SELECT 1 FROM me) AS alive, NULL::text AS hostname,
        NULL::float8 AS silent_s, 0::bigint AS runs, (SELECT due_s FROM due) AS due_s,
        (SELECT n FROM peers) AS peers, 0 AS ord, (SELECT count(*) FROM rewound) AS rewound
 UNION ALL
-SELECT d.id, false, d.hostname, NULL::timestamptz, d.silent_s,
+SELECT d.id, false, d.hostname, d.silent_s,
        (SELECT count(*) FROM moved m WHERE m.executor_id = d.id), NULL, NULL, 1, NULL
 FROM dead d
 ORDER BY ord
@@ -412,10 +412,7 @@ SELECT coalesce((SELECT array_agg(DISTINCT workflow_uuid)
                  FROM (SELECT workflow_uuid FROM lost
                        UNION SELECT workflow_uuid FROM lost_effects) l), '{}') AS lost,
        coalesce((SELECT array_agg(workflow_uuid) FROM moved), '{}') AS moved,
-       (SELECT count(*) FROM marked) AS marked,
-       -- This worker's last heartbeat as the database holds it: earlier than the last one
-       -- that landed, the database went back in time.
-       (SELECT heartbeat_at FROM ledgerloop.executor WHERE id = %(id)s) AS beat_at
+       (SELECT count(*) FROM marked) AS marked
 
 -- name: executor_executing
 -- What this worker executes, as of now (`ledgerloop runs stuck` compares the PENDING
