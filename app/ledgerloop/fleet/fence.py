@@ -51,13 +51,6 @@ class Fence:
         #: Tokens of executions whose run a failover sent back to the journal: their
         #: statements are refused (`refuse_stale`), even those of a step body under way.
         self.stale: set[str] = set()
-        #: Bumped when the server's timeline changed under this worker (a failover).
-        self.era = 0
-        #: The era each execution's step body under way began in, by owner token: a body
-        #: that began before a failover neither sends another statement nor is checkpointed
-        #: after it (what it wrote before may be lost with the old primary, and its record on
-        #: the new one would hide that loss from the rewind check).
-        self.began: dict[str, int] = {}
         #: Bumped at each takeover of this worker; executions verified since, by owner token.
         self.generation = 0
         self._verified: set[str] = set()
@@ -80,19 +73,6 @@ class Fence:
         with self._cond:
             self._lease_until = float("-inf")
             self._cond.notify_all()
-
-    def moved_on(self) -> None:
-        """The server's timeline changed (a failover): a new era begins."""
-        with self._cond:
-            self.era += 1
-            self._cond.notify_all()
-
-    def began_before(self, owner: str | None) -> bool:
-        """Whether the step body under way of the execution holding `owner` began before the
-        last failover."""
-        if owner is None:
-            return False
-        return self.began.get(owner, self.era) != self.era
 
     def revoke(self) -> None:
         """This worker was taken over: every execution must check its ownership again."""

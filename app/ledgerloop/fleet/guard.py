@@ -88,8 +88,6 @@ def fenced(fn: F, hold: Hold) -> F:
                 except FenceClosed:
                     raise dbos_internals.lost_ownership(workflow_id) from None
                 await asyncio.to_thread(confirm_owner, runtime, fence, workflow_id, owner)
-            if owner is not None:
-                fence.began[owner] = fence.era
             hold.take(fence)
             return await fn(*args, **kwargs)
 
@@ -109,8 +107,6 @@ def fenced(fn: F, hold: Hold) -> F:
             except FenceClosed:
                 raise dbos_internals.lost_ownership(workflow_id) from None
             confirm_owner(runtime, fence, workflow_id, owner)
-        if owner is not None:
-            fence.began[owner] = fence.era
         hold.take(fence)
         return fn(*args, **kwargs)
 
@@ -156,7 +152,6 @@ def _not_running(fence: Fence, workflow_id: str, task: asyncio.Task[Any]) -> Non
         del fence.running[workflow_id]
         owner = fence.owners.pop(workflow_id, None)
         fence.stale.discard(owner or "")
-        fence.began.pop(owner or "", None)
 
 
 def borrow_guard(fence: Fence, wait_s: float) -> Callable[[], None]:
@@ -165,21 +160,14 @@ def borrow_guard(fence: Fence, wait_s: float) -> Callable[[], None]:
     (at most `wait_s`) for the one that lands again and its rewind check; then refuse an
     execution whose run that check sent back to the journal (its step body was under way
     when the database went back in time: what it would write rests on a past the database
-    no longer has), and one whose step body began before the server's timeline changed (a
-    failover): what that body wrote before may be lost with the old primary, and a statement
-    or a checkpoint of it on the new one would hide the loss from the rewind check. Such an
-    execution stops; the rewind check's second pass puts its run back on the queue, and the
-    run resumes from the journal the new primary holds.
-
-    A connection opened here may be the one that finds the new timeline (its hook bumps the
-    fence's era): `GuardedPool` calls this again once it holds the connection."""
+    no longer has)."""
 
     def guard() -> None:
         owner = dbos_internals.execution_owner()
         if owner is None:
             return
         fence.wait_valid(wait_s)
-        if owner in fence.stale or fence.began_before(owner):
+        if owner in fence.stale:
             raise dbos_internals.lost_ownership(DBOS.workflow_id or "")
 
     return guard

@@ -510,7 +510,6 @@ class Heartbeat:
         if known is None or timeline is None or int(timeline) == known:
             return self._check_rewind
         if not self._check_rewind:
-            self.fence.moved_on()
             self.fence.suspend()
             self._check_rewind = True
             log.warning(
@@ -550,8 +549,6 @@ class Heartbeat:
         moved = list(row["moved"]) if row else []
         rewind = Rewind(lost, moved, before, after)
         changed = before is not None and after is not None and before != after
-        if changed:
-            self.fence.moved_on()
         if lost or moved or changed:
             # Every execution here checks its ownership before its next step: those put
             # back, and those whose claim the database lost, stop there.
