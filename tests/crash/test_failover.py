@@ -243,7 +243,7 @@ def test_a_synchronous_failover_loses_nothing_and_repeats_nothing(
         assert {effects.get(k) for k in created} == {"succeeded"}
 
 
-# Under three busy loops on 2 cores it passed 3 times in 4 after the fixes of issue 42's
+# Under three busy loops on 2 cores it passed 3 times in 5 after the fixes of issue 42's
 # follow-up (connections on a new timeline wait for the rewind check, a second check after the
 # claim grace, woken waits, no delivery of an old-timeline claim); before them, 2 in 3. What
 # is left: a step body that wrote to the old primary in its last moment (a run's end, say) and
