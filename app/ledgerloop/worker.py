@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,13 @@ from ledgerloop.agent.definition import (
 from ledgerloop.config import Settings
 from ledgerloop.db import dbos_checkpoint, dbos_journal, pooling
 from ledgerloop.db.capacity import check_room
-from ledgerloop.db.connect import guard_borrows, make_pool, watch_connections
+from ledgerloop.db.connect import (
+    TIMELINE_QUERY,
+    guard_borrows,
+    make_pool,
+    watch_async_connections,
+    watch_connections,
+)
 from ledgerloop.db.footprint import (
     DBOS_POOL,
     LEDGERLOOP_POOL,
@@ -38,6 +44,7 @@ from ledgerloop.db.footprint import (
 )
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.db.url import validate_url
+from ledgerloop.effects.relay import guard_deliveries
 from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.dispatch import Dispatcher
@@ -278,7 +285,10 @@ async def run_worker(
     dbos_checkpoint.forget_all()
     guard_borrows(borrow_guard(fence, timings.stale_after_s))
     heartbeat.on_rewind = _forget_rewound
+    heartbeat.on_reconnect = _wake_waiters
     watch_connections(heartbeat.observe)
+    watch_async_connections(_async_watch(heartbeat, fence, timings.stale_after_s))
+    guard_deliveries(_delivery_guard(heartbeat, fence, timings.stale_after_s))
     dispatcher: Dispatcher | None = None
     launched = False
     say_route(settings, url)
@@ -299,6 +309,11 @@ async def run_worker(
         launched = True
         dbos_journal.install(runtime.pool)
         dbos_checkpoint.install(runtime.pool)
+        # DBOS's own writes (a workflow's outcome, a message consumed) on a connection to a
+        # promoted replica wait for the rewind check, as this worker's pools do.
+        dbos_internals.watch_dbos_connections(
+            _timeline_watch(heartbeat, fence, timings.stale_after_s), TIMELINE_QUERY
+        )
         queue = await DBOS.register_queue_async(
             QUEUE_NAME, worker_concurrency=settings.worker_concurrency
         )
@@ -368,9 +383,62 @@ async def run_worker(
         dbos_checkpoint.gate_writes(None)
         guard_borrows(None)
         watch_connections(None)
+        watch_async_connections(None)
+        guard_deliveries(None)
         install(None)
     if failures:
         raise failures[0]
+
+
+def _wake_waiters() -> None:
+    """After a reconnection: notifications of messages sent meanwhile were not heard."""
+    woken = dbos_internals.wake_all_message_waiters()
+    if woken:
+        log.info("woke %d message waits after a reconnection (notifications may be lost)", woken)
+
+
+def _timeline_watch(
+    heartbeat: Heartbeat, fence: Fence, wait_s: float
+) -> Callable[[int | None], None]:
+    """A new connection reached `timeline`: on another than the heartbeat's, wait (bounded)
+    for the rewind check before the connection is used."""
+
+    def watch(timeline: int | None) -> None:
+        if heartbeat.observe_timeline(timeline):
+            fence.wait_valid(wait_s)
+
+    return watch
+
+
+def _async_watch(
+    heartbeat: Heartbeat, fence: Fence, wait_s: float
+) -> Callable[[int | None], Awaitable[None]]:
+    """`_timeline_watch` for the relay's and reconciler's connections, on the event loop."""
+
+    async def watch(timeline: int | None) -> None:
+        if heartbeat.observe_timeline(timeline):
+            await fence.wait_valid_async(wait_s)
+
+    return watch
+
+
+def _delivery_guard(
+    heartbeat: Heartbeat, fence: Fence, wait_s: float
+) -> Callable[[int | None], Awaitable[bool]]:
+    """Before a send (effects.relay.guard_deliveries): not while a failover's rewind check
+    is pending, not from a claim made on another timeline than the database's now, not for
+    an execution whose run that check sent back to the journal."""
+
+    async def guard(timeline: int | None) -> bool:
+        if not await fence.wait_valid_async(wait_s):
+            return False
+        owner = dbos_internals.execution_owner()
+        if owner is not None and owner in fence.stale:
+            return False
+        known = heartbeat.timeline
+        return timeline is None or known is None or timeline == known
+
+    return guard
 
 
 def _forget_rewound(rewind: Rewind) -> None:

@@ -87,6 +87,12 @@ def _env(url: str, model_url: str, tickets: TicketServiceThread) -> dict[str, st
     )
 
 
+def _registered(url: str) -> int:
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        row = conn.execute("SELECT count(*) AS n FROM ledgerloop.executor").fetchone()
+    return int(row["n"]) if row else 0
+
+
 def _statuses(url: str, run_ids: list[uuid.UUID]) -> dict[str, str]:
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         rows = conn.execute(
@@ -185,6 +191,9 @@ def _under_load(
     env = _env(url, model.url, tickets)
     workers = [start_worker(env, log=tmp_path / f"worker-{i}.log") for i in range(2)]
     try:
+        # Both registered before any run starts: on a loaded machine a worker's start-up
+        # (imports, DBOS's launch) takes tens of seconds, which is not what is measured here.
+        wait_until(lambda: _registered(url) >= 2, timeout=180, interval=0.1)
         with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
             run_ids = [
                 start_test_run(conn, "writer", f"{'idem' if i % 2 else 'look'} failover {i}")
@@ -192,7 +201,7 @@ def _under_load(
             ]
         # Mid-flight: some tickets delivered, none of the runs ended yet.
         wait_until(
-            lambda: len(tickets.app.state.store.all()) >= RUNS // 6, timeout=60, interval=0.01
+            lambda: len(tickets.app.state.store.all()) >= RUNS // 6, timeout=120, interval=0.01
         )
         if lose_commits:
             pair.cut_replication()
@@ -234,11 +243,18 @@ def test_a_synchronous_failover_loses_nothing_and_repeats_nothing(
         assert {effects.get(k) for k in created} == {"succeeded"}
 
 
-# Passes alone (12 of 12 tries); inside the whole parallel suite it failed once: 7 of 30 runs
-# stayed `executing` for 120 s and 2 were settled failed with their workflow ended (the run's
-# end lost, the workflow's kept). Not done until it holds under load too (issue 42).
+# Under three busy loops on 2 cores it passed 3 times in 5 after the fixes of issue 42's
+# follow-up (connections on a new timeline wait for the rewind check, a second check after the
+# claim grace, woken waits, no delivery of an old-timeline claim); before them, 2 in 3. What
+# is left: a step body that wrote to the old primary in its last moment (a run's end, say) and
+# whose checkpoint, retried, landed on the new one: the rewind check sees that checkpoint and
+# nothing missing, the workflow ends, the run's end is lost and the sweeper settles it
+# `failed` (workflow_ended). Refusing such a checkpoint after every timeline change broke the
+# synchronous promise (a step re-run asks its model again); doing so only when commits were
+# lost is not finished.
 @pytest.mark.xfail(
-    reason="a run can stay executing after an async failover under load", strict=False
+    reason="a step's write on the old primary can be lost under its checkpoint on the new one",
+    strict=False,
 )
 @pytest.mark.timeout(300)
 def test_an_asynchronous_failover_that_loses_commits_is_followed(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
+import psycopg
 import pytest
 
 from ledgerloop.config import DEFAULT_TENANT
@@ -27,7 +28,7 @@ from ledgerloop.effects.hashing import request_hash
 from ledgerloop.effects.ledger import Effect, effect_begin, effect_get, effect_resolve
 from ledgerloop.effects.messages import EffectStatus, OutboxStatus
 from ledgerloop.effects.outbox import connect_async, outbox_claim
-from ledgerloop.effects.reconciler import Reconciler, reconcile_once, run_reconciler
+from ledgerloop.effects.reconciler import Reconciler, Unsettled, reconcile_once, run_reconciler
 from ledgerloop.effects.relay import RelayConfig
 from ledgerloop.effects.testing import act_event, drain_outbox, messages_for, workflow_row
 from ledgerloop.examples.ticket_service import TicketServiceThread
@@ -483,3 +484,38 @@ def test_a_lookups_cookie_never_goes_out_with_another_lookup(conn: Conn, db_url:
         server.server_close()
     assert [e.status for e in settled] == [EffectStatus.SUCCEEDED] * 3
     assert _CookieSettingLookup.seen == [None, None, None]
+
+
+def test_a_verdict_whose_save_failed_is_saved_without_asking_the_destination_again(
+    conn: Conn, db_url: str, tickets: httpx.Client, destinations: dict[str, str]
+) -> None:
+    effect = unknown_after_commit(conn, db_url, tickets, destinations, LOOKUP)
+
+    async def go() -> None:
+        async with Reconciler(db_url, destinations) as reconciler:
+            db = reconciler._db()
+            cursor = await db.execute(
+                "SELECT e.*, o.request, o.attempts AS budget_attempts, "
+                "o.last_error AS outbox_last_error, 0.0::float8 AS deadline_in_s "
+                "FROM ledgerloop.activity_effect e JOIN ledgerloop.outbox o "
+                "USING (idempotency_key) WHERE e.idempotency_key = %s",
+                (effect.key,),
+            )
+            row = await cursor.fetchone()
+            assert row is not None
+            unsettled = Unsettled.from_row(row)
+            # The lookup answers; the connection the verdict is saved on is gone (a failover).
+            await db.close()
+            with pytest.raises(psycopg.OperationalError):
+                await reconciler._reconcile(unsettled)
+            # Back, with the destination now unreachable: asked again, it could not answer
+            # (the effect would be deferred); the answer received is used instead.
+            reconciler._conn = await connect_async(db_url)
+            reconciler.destinations = {"tickets": "http://127.0.0.1:9"}
+            assert await reconciler._reconcile(unsettled) is True
+            assert reconciler._answers == {}
+
+    asyncio.run(go())
+    done = get(conn, effect)
+    assert (done.status, done.external_reference) == (EffectStatus.SUCCEEDED, "TCK-000001")
+    assert stats(tickets)["requests"] == 1

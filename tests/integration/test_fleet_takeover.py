@@ -108,6 +108,42 @@ def test_a_dead_worker_and_all_its_runs_are_taken_over_in_one_statement(
     ).fetchone() == {"n": 300}
 
 
+def test_runs_taken_over_from_a_worker_of_an_earlier_timeline_are_marked_rewound(
+    conn: Conn, me: Heartbeat
+) -> None:
+    # A worker that died with a primary that failed over never ran the rewind check; the one
+    # that takes it over (here `me`, started after the failover, with nothing in memory)
+    # knows only that the dead worker's row names another timeline than the server's now.
+    assert me.timeline is not None
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    for executor_id, timeline in (("old-timeline", me.timeline - 1), ("same-timeline", None)):
+        peer(conn, executor_id)
+        conn.execute(
+            "UPDATE ledgerloop.executor SET timeline = coalesce(%s, %s) WHERE id = %s",
+            (timeline, me.timeline, executor_id),
+        )
+        age(conn, executor_id, heartbeat_s=6)
+    # Runs under their own ids (run_rewound names runs): two of the old worker, one of the
+    # other.
+    for run_id, executor_id in zip(
+        ids, ("old-timeline", "old-timeline", "same-timeline"), strict=True
+    ):
+        conn.execute(
+            "INSERT INTO dbos.workflow_status (workflow_uuid, status, name, queue_name,"
+            " executor_id, owner_xid) VALUES (%s, 'PENDING', 'ledgerloop_run', "
+            "'ledgerloop_runs', %s, 'token')",
+            (run_id, executor_id),
+        )
+    age(conn, "me", heartbeat_s=0)
+    taken = {t.executor_id: t.runs for t in me.tick()}
+    assert taken == {"old-timeline": 2, "same-timeline": 1}
+    marked = {
+        str(r["run_id"])
+        for r in conn.execute("SELECT run_id FROM ledgerloop.run_rewound").fetchall()
+    }
+    assert marked == set(ids[:2])
+
+
 def test_a_worker_that_is_merely_quiet_is_left_alone(conn: Conn, me: Heartbeat) -> None:
     # Silent for longer than its lease, but its heartbeat session is alive (the lock held
     # elsewhere): only stale_after_s of silence would make it dead.

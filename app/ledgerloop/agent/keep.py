@@ -12,7 +12,9 @@ same step (same workflow id, same step id) in this process, else `receive()`'s, 
 retry repeats only the statements. Values are kept as Python objects in memory, never
 pickled or written anywhere (they are what the checkpoint will record, once it is), and:
 - dropped when the step's checkpoint is recorded (`step_scope`, opened by `run_step`);
-- dropped when the workflow's execution ends in this process (`forget_workflow`);
+- dropped when the workflow's execution ends in this process: its task's end drops them,
+  whatever workflow it is (a custom orchestration's, a child episode's, a workflow of your
+  own calling the primitives); the built-in ones also call `forget_workflow`;
 - bounded (`MAX_KEPT`, oldest out first), so a workflow that dies between steps and never
   ends here cannot grow the worker.
 
@@ -22,8 +24,10 @@ A worker that dies loses them: the next execution asks again, as before (the cra
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -71,10 +75,33 @@ async def keep(what: str, receive: Callable[[], Awaitable[T]]) -> T:
         _kept[key] = value
         while len(_kept) > MAX_KEPT:
             _kept.popitem(last=False)
+    _forget_at_end(key[0])
     scope = _scope.get()
     if scope is not None:
         scope.append(key)
     return value
+
+
+#: The workflows whose kept values each execution's task drops when it ends.
+_hooked: weakref.WeakKeyDictionary[asyncio.Task[Any], set[str]] = weakref.WeakKeyDictionary()
+
+
+def _forget_at_end(workflow_id: str) -> None:
+    # An async step body runs on its workflow execution's task: when that task is done, the
+    # execution ended here (returned, failed, or was cancelled), and nothing kept for it can
+    # be asked for again by this execution.
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return
+    if task is None:
+        return
+    with _lock:
+        hooked = _hooked.setdefault(task, set())
+        if workflow_id in hooked:
+            return
+        hooked.add(workflow_id)
+    task.add_done_callback(lambda _task: forget_workflow(workflow_id))
 
 
 @contextmanager

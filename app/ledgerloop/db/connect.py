@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,6 +20,9 @@ from ledgerloop.db.url import validate_url
 Conn = psycopg.Connection[dict[str, Any]]
 
 _SCOPE_ENTER = load_queries("ledgerloop.db", "roles.sql")["scope_enter"]
+
+#: The server's timeline: a failover to a promoted standby starts a new one.
+TIMELINE_QUERY = load_queries("ledgerloop.db", "timeline.sql")["server_timeline"]
 
 
 def connect(url: str, *, autocommit: bool = False, application_name: str = "ledgerloop") -> Conn:
@@ -58,6 +61,44 @@ def watch_connections(hook: Callable[[Conn], object] | None) -> None:
     timeline there, so a failover is noticed by the first statement sent after it."""
     global _connect_hook
     _connect_hook = hook
+
+
+AConn = psycopg.AsyncConnection[dict[str, Any]]
+
+#: Called with the server's timeline on each new async connection (see `watch_async_connections`).
+_async_hook: Callable[[int | None], Awaitable[object]] | None = None
+
+
+def watch_async_connections(hook: Callable[[int | None], Awaitable[object]] | None) -> None:
+    """Await `hook` with the server's timeline on each new async connection (the relay's, the
+    reconciler's: `observe_async`) before it is used (None: no hook). The worker waits there
+    for its rewind check when the timeline is not the one it knew (a failover)."""
+    global _async_hook
+    _async_hook = hook
+
+
+def watching_async() -> bool:
+    """Whether new async connections are watched (inside a worker)."""
+    return _async_hook is not None
+
+
+async def observe_async(conn: AConn) -> int | None:
+    """The server's timeline on `conn` (None: unknown), handed to the hook first. Leaves an
+    autocommit `conn` idle; never raises for a server that cannot say (a standby)."""
+    timeline: int | None = None
+    try:
+        cursor = await conn.execute(TIMELINE_QUERY)
+        row = await cursor.fetchone()
+        timeline = None if row is None or row["timeline"] is None else int(row["timeline"])
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error:
+        if not conn.autocommit:
+            await conn.rollback()
+    hook = _async_hook
+    if hook is not None:
+        await hook(timeline)
+    return timeline
 
 
 def _configure(conn: Conn) -> None:

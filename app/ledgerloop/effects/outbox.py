@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,6 +21,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from ledgerloop.db import footprint
+from ledgerloop.db.connect import observe_async, watching_async
 from ledgerloop.db.errors import DatabaseUnreachable, translated
 from ledgerloop.db.pooling import connect_kwargs
 from ledgerloop.db.url import validate_url
@@ -38,13 +40,31 @@ async def connect_async(url: str, application_name: str = "ledgerloop-relay") ->
     Through a transaction-mode pooler it prepares no statements (db/pooling.py)."""
     url = validate_url(url)
     with translated(url, "connecting"):
-        return await psycopg.AsyncConnection.connect(
+        conn: AConn = await psycopg.AsyncConnection.connect(
             url,
             autocommit=True,
             row_factory=dict_row,
             application_name=footprint.application_name(application_name),
             **connect_kwargs(url),
         )
+        await _observed(conn)
+        return conn
+
+
+#: The server's timeline each connection reached when it opened (inside a worker: see
+#: db.connect.watch_async_connections). A claim is delivered only from a connection on the
+#: timeline the worker knows (effects.relay).
+_timelines: weakref.WeakKeyDictionary[AConn, int | None] = weakref.WeakKeyDictionary()
+
+
+async def _observed(conn: AConn) -> None:
+    if watching_async():
+        _timelines[conn] = await observe_async(conn)
+
+
+def connection_timeline(conn: AConn) -> int | None:
+    """The timeline `conn` reached when it opened (None: unknown, or not watched)."""
+    return _timelines.get(conn)
 
 
 async def open_async_pool(url: str, size: int, name: str) -> AsyncConnectionPool[AConn]:
@@ -65,6 +85,7 @@ async def open_async_pool(url: str, size: int, name: str) -> AsyncConnectionPool
             "application_name": footprint.application_name(name),
             **connect_kwargs(url),
         },
+        configure=_observed,
         open=False,
     )
     await pool.open(wait=False)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -188,6 +189,10 @@ def decide(u: Unsettled, request: DeliveryRequest, answer: LookupAnswer | None) 
     )
 
 
+#: Lookup answers kept at most while their verdicts wait to be saved (oldest out first).
+MAX_KEPT_ANSWERS = 1024
+
+
 async def _wait(timeout: float, stop: asyncio.Event) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout)
@@ -210,6 +215,10 @@ class Reconciler:
         self.config = config or ReconcilerConfig()
         self._conn: AConn | None = None
         self._client: httpx.AsyncClient | None = None
+        #: Lookup answers whose verdict is not saved yet, by (key, status, attempts) as
+        #: claimed: a save that failed (the database went away) is retried with the answer
+        #: received, not by asking the destination again (as agent.keep does for a step).
+        self._answers: OrderedDict[tuple[str, str, int], LookupAnswer] = OrderedDict()
 
     async def __aenter__(self) -> Reconciler:
         self._client = httpx.AsyncClient(cookies=no_cookies())  # as the relay's (attempts)
@@ -282,6 +291,30 @@ class Reconciler:
             log.warning("reconciler cannot reconnect yet: %s", exc)
 
     async def _reconcile(self, u: Unsettled) -> bool:
+        # The same effect in the same state (no attempt since): the answer it had still holds.
+        slot = (u.effect.key, u.effect.status.value, u.effect.attempts)
+        kept = self._answers.get(slot)
+        if kept is not None:
+            request = DeliveryRequest.from_json(u.request)
+            applied = await self._apply(u, decide(u, request, kept))
+            self._answers.pop(slot, None)
+            return applied
+        answer = await self._ask(u)
+        if isinstance(answer, bool):
+            return answer
+        request, received = answer
+        decision = decide(u, request, received)
+        if received is not None and decision.action is not Action.DEFER:
+            self._answers[slot] = received
+            while len(self._answers) > MAX_KEPT_ANSWERS:
+                self._answers.popitem(last=False)
+        applied = await self._apply(u, decision)  # raises while the database is away
+        self._answers.pop(slot, None)
+        return applied
+
+    async def _ask(self, u: Unsettled) -> bool | tuple[DeliveryRequest, LookupAnswer | None]:
+        """The request and what the destination says of its key (None: no lookup declared);
+        or whether an unreadable request or unknown destination was settled."""
         try:
             request = DeliveryRequest.from_json(u.request)
         except InvalidDeliveryRequest as exc:
@@ -310,7 +343,7 @@ class Reconciler:
             answer = await lookup(
                 self._client, base_url, u.effect.key, request, self.config.lookup_timeout_s
             )
-        return await self._apply(u, decide(u, request, answer))
+        return request, answer
 
     async def _apply(self, u: Unsettled, decision: Decision) -> bool:
         guard = {

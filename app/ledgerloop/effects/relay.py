@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 
 import psycopg
@@ -47,6 +47,7 @@ from ledgerloop.effects.outbox import (
     Outcome,
     connect_async,
     connect_async_or_later,
+    connection_timeline,
     open_async_pool,
     outbox_claim,
     outbox_next_due,
@@ -64,6 +65,26 @@ log = logging.getLogger(__name__)
 
 #: After a claim that left due rows behind (another relay holds their locks), look again soon.
 CONTENDED_WAIT_S = 0.05
+
+#: Asked before each send (inside a worker: its fence; see `guard_deliveries`).
+DeliveryGuard = Callable[[int | None], Awaitable[bool]]
+_guard: DeliveryGuard | None = None
+
+
+def guard_deliveries(guard: DeliveryGuard | None) -> None:
+    """Await `guard(timeline)` before each call this process's relays send (None: none).
+    `timeline`: the server's timeline the claim's connection was on (None: unknown, or the
+    act step's own record). False: not sent; the effect stays `started` and settles after
+    its lease like any lost attempt (found again by its key). Inside a worker the guard
+    waits while a failover's rewind check is pending, then refuses a claim made on another
+    timeline than the database's now (a claim the database may have lost) and a send of an
+    execution whose run the check sent back to the journal."""
+    global _guard
+    _guard = guard
+
+
+class NotSent(Exception):
+    """The delivery guard refused a send."""
 
 
 async def _wait_any(timeout: float | None, *events: asyncio.Event) -> None:
@@ -273,11 +294,11 @@ class Relay:
         limit = min(free, self.config.batch_size)
         # Cleared before the claim: a notification that lands during it wakes the next wait.
         self._wake.clear()
-        claimed = await outbox_claim(
-            self._conn(), limit=limit, lease_margin_s=self.config.lease_margin_s
-        )
+        conn = self._conn()
+        timeline = connection_timeline(conn)
+        claimed = await outbox_claim(conn, limit=limit, lease_margin_s=self.config.lease_margin_s)
         for row in claimed:
-            task = asyncio.create_task(self._deliver(row))
+            task = asyncio.create_task(self._deliver(row, timeline))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
         return len(claimed), limit
@@ -390,6 +411,8 @@ class Relay:
         try:
             try:
                 outcome = await self._attempt(claimed)
+            except NotSent:
+                return None  # the effect settles after its lease, found again by its key
             except Exception:
                 log.exception("relay failed delivering %s", claimed.key)
                 return None
@@ -422,9 +445,11 @@ class Relay:
 
     # -- one delivery ---------------------------------------------------------------------
 
-    async def _deliver(self, claimed: Claimed) -> None:
+    async def _deliver(self, claimed: Claimed, timeline: int | None = None) -> None:
         try:
-            outcome = await self._attempt(claimed)
+            outcome = await self._attempt(claimed, timeline)
+        except NotSent:
+            return  # the effect stays started and settles after its lease
         except Exception:
             # A bug must not take the relay down. The effect stays `started` and the
             # reconciler settles it once the lease runs out.
@@ -432,7 +457,15 @@ class Relay:
             return
         self._outcomes.put_nowait(outcome)
 
-    async def _attempt(self, claimed: Claimed) -> Outcome:
+    async def _attempt(self, claimed: Claimed, timeline: int | None = None) -> Outcome:
+        guard = _guard
+        if guard is not None and not await guard(timeline):
+            log.warning(
+                "relay did not send %s: its claim was made before a failover the worker is "
+                "following; it settles after its lease, found again by its key",
+                claimed.key,
+            )
+            raise NotSent(claimed.key)
         try:
             request = DeliveryRequest.from_json(claimed.request)
         except InvalidDeliveryRequest as exc:

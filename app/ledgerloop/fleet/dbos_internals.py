@@ -34,6 +34,12 @@
 - A worker's DBOS opens no listener connection of its own: the dispatcher's LISTENs on
   DBOS's three channels and forwards each notification (`share_dbos_listener`,
   `forward_dbos_notification`), one connection fewer per process (db/footprint.py).
+- After a reconnection the worker sets every message waiter (`wake_all_message_waiters`):
+  notifications sent while DBOS's listener was away are lost, and DBOS re-checks only every
+  minute.
+- DBOS's engine's new connections read the server's timeline before DBOS uses them
+  (`watch_dbos_connections`): its own writes must not land on a promoted replica before the
+  worker's rewind check.
 
 tests/integration/test_fleet_dispatch.py and test_fleet_takeover.py fail if any of these
 stops working.
@@ -43,10 +49,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -442,3 +450,46 @@ def quiet_cancellations() -> None:
     logger = logging.getLogger("dbos")
     if not any(isinstance(f, _CancelledTasksFilter) for f in logger.filters):
         logger.addFilter(_CancelledTasksFilter())
+
+
+def wake_all_message_waiters() -> int:
+    """Set every message waiter of this process, as DBOS's listener sets one per notification.
+    Notifications sent while the listener's connection was gone (an outage, a failover) are
+    never heard again, and a waiter would sleep until DBOS's fallback re-check (a minute).
+    Each wait re-reads what it waits for when woken (messages wake, records decide), so a
+    waiter whose message has not come goes back to waiting. Returns how many were set."""
+    waiters = _get_dbos_instance()._sys_db.notifications_map
+    woken = 0
+    for _key, _components, signal in waiters.snapshot():
+        signal.set()
+        woken += 1
+    return woken
+
+
+def watch_dbos_connections(hook: Callable[[int | None], None], query: str) -> None:
+    """Call `hook` with the answer of `query` (the server's timeline) on each connection
+    DBOS's engine opens, before DBOS uses it. DBOS writes on those connections by itself (a
+    workflow's outcome, a message's consumption, its own checkpoint) and retries them for as
+    long as the database is away: after a failover, the first must not land before the
+    worker's rewind check. `hook` may block (bounded); it should not raise."""
+    from sqlalchemy import event
+
+    engine = _get_dbos_instance()._sys_db.engine
+
+    def connected(dbapi_conn: Any, _record: Any) -> None:
+        timeline: int | None = None
+        try:
+            cursor = dbapi_conn.cursor()
+            try:
+                cursor.execute(query)
+                row = cursor.fetchone()
+                timeline = None if row is None or row[0] is None else int(row[0])
+            finally:
+                cursor.close()
+            dbapi_conn.rollback()
+        except Exception:  # a standby, a pooler that forbids the function: unknown
+            with contextlib.suppress(Exception):
+                dbapi_conn.rollback()
+        hook(timeline)
+
+    event.listen(engine, "connect", connected)

@@ -147,6 +147,15 @@ class Fence:
                 self._cond.wait(min(poll_s, left))
         return True
 
+    async def wait_valid_async(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """`wait_valid` on the event loop."""
+        deadline = self._clock() + timeout_s
+        while not self._clock() < self._lease_until:
+            if self._clock() >= deadline or self._released:
+                return False
+            await asyncio.sleep(poll_s)
+        return True
+
     async def wait_renewed_async(self, poll_s: float = 0.05) -> None:
         while not self.valid():
             if self._released:

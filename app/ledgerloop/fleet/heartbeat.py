@@ -19,7 +19,15 @@ lately must still be in the journal. Those that are not, and the PENDING workflo
 worker it no longer executes (a run whose end was lost), go back on the queue; the fence is
 revoked, so every execution here checks its ownership before its next step, and those of the
 workflows put back stop there. The next execution resumes each from the journal the database
-now holds, through the fence as after a takeover.
+now holds, through the fence as after a takeover. The check runs once more when its claim
+grace has passed (claims younger than it were not judged), and after each the worker wakes its
+message waits (notifications sent while DBOS's listener reconnected are lost).
+
+Every connection the worker opens reads the server's timeline first (`observe_timeline`: its
+pool's, DBOS's engine's, the relay's and reconciler's); one on another timeline than the
+heartbeat's closes the fence and waits for the check. Each heartbeat records the timeline in
+the worker's row, so a takeover of a worker that died with the old primary (it never ran the
+check) marks its runs rewound.
 """
 
 from __future__ import annotations
@@ -61,13 +69,18 @@ SESSION_MARGIN_S = 0.1
 #: An early tick for a peer whose session is gone comes this long after its lease ran out.
 DUE_MARGIN_S = 0.02
 
-#: How long this worker remembers the last checkpoint of a workflow it executed: a failover
-#: that loses more than this much of the recent past is not followed for older runs (their
-#: end, if lost, shows in `ledgerloop runs stuck` and is put back by the rewind check only
-#: while they are PENDING under this worker).
+#: How long this worker remembers the last checkpoint of a workflow it executed. A failover
+#: loses only the replication lag of that moment (failover managers refuse to promote a
+#: replica lagging past a bound): anything older is on the new primary, so memory past any lag
+#: a failover may lose is never consulted. 10 minutes is far past such bounds, at one small
+#: entry per workflow checkpointed meanwhile (docs/operations.md, Failover).
 REMEMBER_S = 600.0
 
-#: A workflow claimed this recently may not be known to the fence yet: not judged idle.
+#: A workflow claimed this recently may not be known to the fence yet (its execution is
+#: handed to the event loop after the claim commits: milliseconds, about a second on a
+#: 2-core machine loaded three times over): not judged idle, but judged again by a second
+#: check once this has passed. A late execution judged idle stops at its first ownership check
+#: and its run is claimed afresh; nothing is lost either way.
 CLAIM_GRACE_MS = 2000
 
 #: How often a worker publishes the workflows it executes (`ledgerloop runs stuck`).
@@ -199,6 +212,11 @@ class Heartbeat:
         #: Called with what each rewind check that found something found (the worker drops
         #: its in-memory state for those runs there).
         self.on_rewind: Callable[[Rewind], None] | None = None
+        #: Called after each rewind check (the database was away, or failed over): messages
+        #: notified meanwhile were not heard (the worker wakes their waiters there).
+        self.on_reconnect: Callable[[], None] | None = None
+        #: When the follow-up of the last rewind check is due (see `_tick`).
+        self._recheck_at: float | None = None
 
     # -- connection ----------------------------------------------------------------------
 
@@ -308,6 +326,7 @@ class Heartbeat:
                     "lock_key": self._lock_key,
                     "software_version": software_version(),
                     "my_lease_s": self.timings.lease_s,
+                    "timeline": self._timeline,
                 },
             )
         self.fence.renew(sent, self.timings.lease_s)
@@ -390,6 +409,13 @@ class Heartbeat:
         if self._check_rewind:
             self.rewind_check(conn)
             self._check_rewind = False
+            # Claims younger than the grace were not judged: judge them once it has passed.
+            self._recheck_at = self._clock() + CLAIM_GRACE_MS / 1000
+            self._reconnected()
+        elif self._recheck_at is not None and self._clock() >= self._recheck_at:
+            self._recheck_at = None
+            self.rewind_check(conn)
+            self._reconnected()
         self._take_lock(conn)
         self._ticks += 1
         lease_s = self.timings.busy_lease_s if self.busy() else self.timings.lease_s
@@ -401,11 +427,18 @@ class Heartbeat:
                     "id": self.executor_id,
                     "session_since": self._session_since,
                     "my_lease_s": lease_s,
+                    "timeline": self._timeline,
                     **self.timings.params(),
                 },
             ).fetchall()
         mine, others = rows[0], rows[1:]
         self.peers = int(mine["peers"])
+        if mine["rewound"]:
+            log.warning(
+                "%d runs taken over from workers that last heartbeat before a failover were "
+                "marked rewound: their writes are found again by their key before any send",
+                mine["rewound"],
+            )
         due = mine["due_s"]
         # A little past the moment, so the database's clock is past it too; never a busy loop
         # (a peer being taken over by another survivor right now stays due for a moment).
@@ -449,21 +482,34 @@ class Heartbeat:
                 )
         return takeovers
 
+    @property
+    def timeline(self) -> int | None:
+        """The server's timeline as of the last check (None: unknown)."""
+        return self._timeline
+
     def observe(self, conn: Conn) -> None:
         """A new connection of this worker's pools: when it reaches another timeline than the
         heartbeat's (a promoted standby), close the fence now, before the heartbeat's own
         connection fails, and have the next tick run the rewind check. Never raises; leaves
         `conn` idle."""
-        known = self._timeline
-        if known is None:
+        if self._timeline is None:
             return
         try:
             with conn.transaction():
                 row = conn.execute(Q["executor_timeline"]).fetchone()
         except psycopg.Error:
             return
-        timeline = None if row is None else row["timeline"]
-        if timeline is not None and int(timeline) != known and not self._check_rewind:
+        self.observe_timeline(None if row is None else row["timeline"])
+
+    def observe_timeline(self, timeline: int | None) -> bool:
+        """A connection (of any kind: this worker's pools, DBOS's engine, the relay's) reached
+        `timeline`. Another than the heartbeat's: the database failed over; the fence closes
+        until the rewind check has run. Returns whether a rewind check is pending (the caller
+        then waits for it before its first statement: `Fence.wait_valid`)."""
+        known = self._timeline
+        if known is None or timeline is None or int(timeline) == known:
+            return self._check_rewind
+        if not self._check_rewind:
             self.fence.suspend()
             self._check_rewind = True
             log.warning(
@@ -472,6 +518,7 @@ class Heartbeat:
                 timeline,
                 known,
             )
+        return True
 
     def rewind_check(self, conn: Conn) -> Rewind:
         """Did the database go back in time under this worker? Puts back on the queue what it
@@ -535,6 +582,13 @@ class Heartbeat:
                 "the server's timeline moved %s -> %s; nothing recorded was lost", before, after
             )
         return rewind
+
+    def _reconnected(self) -> None:
+        if self.on_reconnect is not None:
+            try:
+                self.on_reconnect()
+            except Exception:
+                log.warning("waking message waiters after a reconnection failed", exc_info=True)
 
     def _taken_over(self, conn: Conn) -> None:
         # Our row is gone: a peer judged us dead (we were frozen, starved or cut off past

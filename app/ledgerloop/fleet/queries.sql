@@ -7,11 +7,12 @@
 -- saw no row for them (see executor_heartbeat) skips them when it re-reads them.
 WITH registered AS (
   INSERT INTO ledgerloop.executor
-    (id, application_version, hostname, pid, lock_key, software_version, lease_until)
+    (id, application_version, hostname, pid, lock_key, software_version, lease_until, timeline)
   VALUES (%(id)s, %(app_version)s, %(hostname)s, %(pid)s, %(lock_key)s, %(software_version)s,
-          now() + make_interval(secs => %(my_lease_s)s))
+          now() + make_interval(secs => %(my_lease_s)s), %(timeline)s::int)
   ON CONFLICT (id) DO UPDATE
     SET heartbeat_at = now(), streak_started_at = now(), lock_key = EXCLUDED.lock_key,
+        timeline = coalesce(EXCLUDED.timeline, executor.timeline),
         lease_until = greatest(executor.lease_until, EXCLUDED.lease_until)
   RETURNING id
 )
@@ -60,6 +61,7 @@ WHERE executor_id = (SELECT id FROM registered) AND status = 'PENDING'
 WITH me AS (
   UPDATE ledgerloop.executor
   SET heartbeat_at = now(),
+      timeline = coalesce(%(timeline)s::int, timeline),
       lease_until = greatest(lease_until, now() + make_interval(secs => %(my_lease_s)s)),
       streak_started_at = CASE
         WHEN heartbeat_at < now() - make_interval(secs => %(gap_s)s) THEN now()
@@ -83,7 +85,8 @@ dead AS (
       )
     FOR UPDATE SKIP LOCKED
   )
-  RETURNING id, hostname, extract(epoch FROM now() - heartbeat_at)::float8 AS silent_s
+  RETURNING id, hostname, extract(epoch FROM now() - heartbeat_at)::float8 AS silent_s,
+            timeline
 ),
 -- SKIP LOCKED: a frozen worker can hold a lock on one of its workflow rows (it stopped in
 -- the middle of a checkpoint). Waiting for it would stall this heartbeat; that row stays
@@ -102,7 +105,21 @@ moved AS (
       queue_name = coalesce(w.queue_name, '_dbos_internal_queue'),
       updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
   WHERE w.workflow_uuid IN (SELECT workflow_uuid FROM claimable)
-  RETURNING w.executor_id
+  RETURNING w.executor_id, w.workflow_uuid
+),
+-- A dead peer that last heartbeat on another timeline than the server's now (%(timeline)s):
+-- it died with a primary that failed over and never ran the rewind check, so what it
+-- delivered may have no record here. Its runs are named in run_rewound (migrations 0027,
+-- 0033): their writes are found again by their key before any send.
+rewound AS (
+  INSERT INTO ledgerloop.run_rewound (run_id, timeline)
+  SELECT DISTINCT m.workflow_uuid::uuid, %(timeline)s::int
+  FROM moved m JOIN dead d ON d.id = m.executor_id
+  WHERE d.timeline IS NOT NULL AND %(timeline)s::int IS NOT NULL
+    AND d.timeline <> %(timeline)s::int
+    AND m.workflow_uuid ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+  ON CONFLICT (run_id) DO NOTHING
+  RETURNING run_id
 ),
 -- A peer whose session is gone but whose lease has not yet run out: in how many seconds it
 -- may be taken over. The worker ticks again at that moment instead of at its next
@@ -130,10 +147,10 @@ peers AS (
 )
 SELECT %(id)s AS id, EXISTS (SELECT 1 FROM me) AS alive, NULL::text AS hostname,
        NULL::float8 AS silent_s, 0::bigint AS runs, (SELECT due_s FROM due) AS due_s,
-       (SELECT n FROM peers) AS peers, 0 AS ord
+       (SELECT n FROM peers) AS peers, 0 AS ord, (SELECT count(*) FROM rewound) AS rewound
 UNION ALL
 SELECT d.id, false, d.hostname, d.silent_s,
-       (SELECT count(*) FROM moved m WHERE m.executor_id = d.id), NULL, NULL, 1
+       (SELECT count(*) FROM moved m WHERE m.executor_id = d.id), NULL, NULL, 1, NULL
 FROM dead d
 ORDER BY ord
 
