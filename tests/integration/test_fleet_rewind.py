@@ -33,7 +33,7 @@ def _cut_heartbeat(conn: Conn) -> None:
     wait_until(
         lambda: conn.execute(
             "SELECT pg_terminate_backend(pid) AS ended FROM pg_stat_activity "
-            "WHERE application_name = 'ledgerloop-heartbeat' AND datname = current_database()"
+            "WHERE application_name LIKE 'ledgerloop%heartbeat' AND datname = current_database()"
         ).fetchall(),
         timeout=10,
     )
@@ -140,7 +140,7 @@ def test_the_rewind_check_names_nothing_when_nothing_was_lost(
     with psycopg.connect(db_url, autocommit=True) as other:
         wait_until(
             lambda: other.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'ledgerloop-heartbeat'"
+                "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'ledgerloop%heartbeat'"
             ).fetchone(),
             timeout=10,
         )
