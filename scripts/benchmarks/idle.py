@@ -1,79 +1,236 @@
-"""An idle worker's cost: statements and transactions per second on the database, CPU share.
+"""Idle cost: a whole `ledgerloop up` (worker, relay, reconciler, HTTP) with nothing to do,
+side by side with bare DBOS (scripts/benchmarks/idle_bare.py: one queue, one workflow
+registered, nothing running), each on a database of its own in one throwaway cluster.
 
-A real `ledgerloop up --no-http --no-relay` process with nothing to do, after a warm-up
-(BENCH_IDLE_WARMUP_S, default 65 s: DBOS polls its schedules every second for its first
-minute); statements are counted by pg_stat_statements for the worker's database (every
-statement of every connection; "statements" leaves out BEGIN and COMMIT, which are reported
-apart), transactions by pg_stat_database, CPU from /proc. Targets: <= 5 statements/s, <= 1%
-of a core. BENCH_IDLE_S sets the window (default 20 s).
+After a warm-up (BENCH_IDLE_WARMUP_S, default 65 s: DBOS polls its schedules every second
+for its first minute), over a window (BENCH_IDLE_S, default 30 s), per database:
+
+- statements/s: pg_stat_statements calls of every connection (`track = all`), BEGIN, COMMIT
+  and ROLLBACK left out and reported apart;
+- WAL commits/s: commit records in the WAL written over the window (pg_waldump), each
+  attributed to the database whose relations its transaction changed. A transaction that
+  writes nothing gets no commit record, so these are the commits that wrote WAL;
+- WAL bytes/s: records of the window that name a relation of the database (commits
+  included; pruning by readers too);
+- CPU of the process, % of one core.
+
+Targets for `ledgerloop up`: <= 5 statements/s, 0 WAL commits/s.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from ledgerloop.testing.postgres import wait_until
-from ledgerloop.testing.processes import start_worker, stop_worker
-from scripts.benchmarks.common import report, scripted
-from scripts.benchmarks.fleet import (
-    counted_database,
-    cpu_seconds,
-    database_load,
-    fleet_env,
-    reset_statements,
-    top_statements,
-)
+import psycopg
 
-WINDOW_S = float(os.environ.get("BENCH_IDLE_S", "20"))
+from ledgerloop.db.cluster import LocalCluster, free_port
+from ledgerloop.testing.postgres import DatabaseFactory, wait_until
+from ledgerloop.testing.processes import REPO, stop_all
+from scripts.benchmarks.common import report, scripted
+from scripts.benchmarks.fleet import cpu_seconds, fleet_env
+
+WINDOW_S = float(os.environ.get("BENCH_IDLE_S", "30"))
 WARMUP_S = float(os.environ.get("BENCH_IDLE_WARMUP_S", "65"))
 LOG = Path(tempfile.gettempdir()) / "ledgerloop-bench-idle.log"
 
+_RECORD = re.compile(r"rmgr: (\w+)\s+len \(rec/tot\):\s+\d+/\s*(\d+), tx:\s+(\d+), .*?desc: (\w+)")
+_RELATION = re.compile(r"rel \d+/(\d+)/\d+")
+
+
+@dataclass
+class Load:
+    statements: int = 0
+    brackets: int = 0
+    wal_commits: int = 0
+    wal_bytes: int = 0
+
+
+@contextmanager
+def cluster() -> Iterator[LocalCluster]:
+    """A throwaway cluster that counts statements."""
+    with tempfile.TemporaryDirectory(prefix="ledgerloop-bench-idle-") as tmp:
+        local = LocalCluster(Path(tmp) / "cluster")
+        local.init()
+        with (local.data_dir / "postgresql.conf").open("a") as conf:
+            conf.write(
+                "shared_preload_libraries = 'pg_stat_statements'\n"
+                "pg_stat_statements.track = all\n"
+                "pg_stat_statements.track_utility = on\n"
+            )
+        local.start()
+        try:
+            yield local
+        finally:
+            local.destroy()
+
+
+def statements(admin_url: str) -> dict[int, tuple[int, int]]:
+    """(statements, of which BEGIN/COMMIT/ROLLBACK) per database oid since the last reset."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT dbid, sum(calls), "
+            "       sum(calls) FILTER (WHERE query IN ('BEGIN', 'COMMIT', 'ROLLBACK')) "
+            "FROM pg_stat_statements GROUP BY dbid"
+        ).fetchall()
+    return {int(db): (int(n), int(b or 0)) for db, n, b in rows}
+
+
+def top_statements(admin_url: str, db: int, limit: int = 10) -> list[tuple[int, str]]:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT calls, regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements "
+            "WHERE dbid = %s ORDER BY calls DESC LIMIT %s",
+            (db, limit),
+        ).fetchall()
+    return [(int(calls), str(query)[:120]) for calls, query in rows]
+
+
+def wal_by_database(local: LocalCluster, start: str, end: str) -> dict[int, tuple[int, int]]:
+    """(commit records, bytes) per database oid in the WAL from `start` to `end`."""
+    out = subprocess.run(
+        [
+            str(local.bin_dir / "pg_waldump"),
+            "-p",
+            str(local.data_dir / "pg_wal"),
+            "-s",
+            start,
+            "-e",
+            end,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    db_of_xid: dict[int, int] = {}
+    commits: list[tuple[int, int]] = []
+    size: Counter[int] = Counter()
+    for line in out.splitlines():
+        record = _RECORD.search(line)
+        if not record:
+            continue
+        rmgr, length, xid, desc = record[1], int(record[2]), int(record[3]), record[4]
+        relation = _RELATION.search(line)
+        if relation and int(relation[1]):
+            db = int(relation[1])
+            size[db] += length
+            if xid:
+                db_of_xid.setdefault(xid, db)
+        if rmgr == "Transaction" and desc.startswith("COMMIT"):
+            commits.append((xid, length))
+    counts: Counter[int] = Counter()
+    for xid, length in commits:
+        db = db_of_xid.get(xid, 0)
+        counts[db] += 1
+        size[db] += length
+    return {db: (counts[db], size[db]) for db in set(counts) | set(size)}
+
+
+def wal_lsn(admin_url: str) -> str:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def oid(admin_url: str, url: str) -> int:
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        row = conn.execute("SELECT oid FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
 
 def registered(url: str) -> bool:
-    import psycopg
-
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM ledgerloop.executor").fetchone()
     return bool(row and row[0])
 
 
+def running(*procs: subprocess.Popen[bytes]) -> None:
+    for proc in procs:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}: see {LOG}")
+
+
 def main() -> None:
-    with counted_database() as url, scripted("default: {turns: [{text: done}]}") as model:
-        env = fleet_env(url, ANTHROPIC_BASE_URL=model.url)
-        worker = start_worker(env, "--no-relay", log=LOG)
+    with cluster() as local, scripted("default: {turns: [{text: done}]}") as model:
+        admin = local.url
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        factory = DatabaseFactory(admin)
+        url = factory.create()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE bench_idle_bare")
+        bare_url = admin.rsplit("/", 1)[0] + "/bench_idle_bare"
+        env = fleet_env(
+            url, ANTHROPIC_BASE_URL=model.url, LEDGERLOOP_HTTP_PORT=str(free_port())
+        )
+        with LOG.open("ab") as out:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "ledgerloop.cli", "up"],
+                env=env,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+            bare = subprocess.Popen(
+                [sys.executable, "-m", "scripts.benchmarks.idle_bare", bare_url],
+                env={**env, "PYTHONPATH": f"{REPO}:{env['PYTHONPATH']}"},
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         try:
-            wait_until(lambda: registered(url), timeout=60, interval=0.2)
+            wait_until(lambda: registered(url), timeout=90, interval=0.5)
             time.sleep(WARMUP_S)
-            reset_statements(url)
-            _, _, xacts0 = database_load(url)
-            cpu0, t0 = cpu_seconds(worker.pid), time.monotonic()
+            running(worker, bare)
+            ours, theirs = oid(admin, url), oid(admin, bare_url)
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_statements_reset()")
+            lsn0 = wal_lsn(admin)
+            cpu0 = {p.pid: cpu_seconds(p.pid) for p in (worker, bare)}
+            t0 = time.monotonic()
             time.sleep(WINDOW_S)
-            statements, brackets, xacts1 = database_load(url)
-            cpu1, t1 = cpu_seconds(worker.pid), time.monotonic()
-            top = top_statements(url)
+            t1 = time.monotonic()
+            cpu1 = {p.pid: cpu_seconds(p.pid) for p in (worker, bare)}
+            counted = statements(admin)
+            lsn1 = wal_lsn(admin)
+            tops = {db: top_statements(admin, db) for db in (ours, theirs)}
+            running(worker, bare)
         finally:
-            stop_worker(worker)
+            stop_all(worker, bare)
+        wal = wal_by_database(local, lsn0, lsn1)
     elapsed = t1 - t0
-    # Less the readings' own: two statements and one transaction at each end.
-    per_s = (statements - brackets - 2) / elapsed
-    brackets_per_s = brackets / elapsed
-    xacts = (xacts1 - xacts0 - 1) / elapsed
-    cpu = (cpu1 - cpu0) / elapsed * 100
-    report(
-        f"idle worker over {elapsed:.0f} s (defaults)",
-        [
-            ("statements/s (BEGIN/COMMIT left out)", per_s, "target <= 5"),
-            ("BEGIN/COMMIT/s", brackets_per_s, ""),
-            ("transactions/s", xacts, ""),
-            ("CPU (% of one core)", cpu, "target <= 1%"),
-        ],
-    )
-    print("  most frequent statements (calls in the window):")
-    for calls, query in top:
-        print(f"    {calls:>6}  {query}")
+    rows: list[tuple[str, float, str]] = []
+    for label, db, proc, target in (
+        ("ledgerloop up", ours, worker, True),
+        ("bare DBOS", theirs, bare, False),
+    ):
+        n, brackets = counted.get(db, (0, 0))
+        commits, size = wal.get(db, (0, 0))
+        cpu = (cpu1[proc.pid] - cpu0[proc.pid]) / elapsed * 100
+        rows += [
+            (f"{label}: statements/s", (n - brackets) / elapsed, "target <= 5" if target else ""),
+            (f"{label}: BEGIN/COMMIT/ROLLBACK/s", brackets / elapsed, ""),
+            (f"{label}: WAL commits/s", commits / elapsed, "target 0" if target else ""),
+            (f"{label}: WAL bytes/s", size / elapsed, ""),
+            (f"{label}: CPU (% of one core)", cpu, ""),
+        ]
+    report(f"idle over {elapsed:.0f} s (defaults), side by side", rows)
+    for label, db in (("ledgerloop up", ours), ("bare DBOS", theirs)):
+        print(f"  {label}: most frequent statements (calls in the window):")
+        for calls, query in tops[db]:
+            print(f"    {calls:>6}  {query}")
 
 
 if __name__ == "__main__":
