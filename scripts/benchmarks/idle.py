@@ -172,9 +172,7 @@ def main() -> None:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute("CREATE DATABASE bench_idle_bare")
         bare_url = admin.rsplit("/", 1)[0] + "/bench_idle_bare"
-        env = fleet_env(
-            url, ANTHROPIC_BASE_URL=model.url, LEDGERLOOP_HTTP_PORT=str(free_port())
-        )
+        env = fleet_env(url, ANTHROPIC_BASE_URL=model.url, LEDGERLOOP_HTTP_PORT=str(free_port()))
         with LOG.open("ab") as out:
             worker = subprocess.Popen(
                 [sys.executable, "-m", "ledgerloop.cli", "up"],

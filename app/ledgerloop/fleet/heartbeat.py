@@ -24,9 +24,11 @@ now holds, through the fence as after a takeover.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import select
 import socket
 import threading
 import time
@@ -72,6 +74,16 @@ CLAIM_GRACE_MS = 2000
 
 #: How often a worker publishes the workflows it executes (`ledgerloop runs stuck`).
 PUBLISH_EVERY_S = 2.0
+
+#: A resting worker with no heartbeating peer looks at its peers this often, as a share of
+#: FleetTimings.gap_s: so its streak never breaks (executor_heartbeat) and it judges a peer
+#: that starts heartbeating and dies at once as promptly as a heartbeating worker would. It
+#: watches every heartbeat while any peer heartbeats.
+REST_WATCH_SHARE = 0.8
+
+#: The channel a worker notifies when it starts heartbeating (registered, or woken from a
+#: rest): resting peers then watch it while it may hold runs.
+FLEET_CHANNEL = "ledgerloop_fleet"
 
 #: The workflows whose executions the fence knows (agent.loop, agent.episodes).
 FENCED_WORKFLOWS = ("ledgerloop_run", "ledgerloop_episode")
@@ -199,6 +211,29 @@ class Heartbeat:
         #: Called with what each rewind check that found something found (the worker drops
         #: its in-memory state for those runs there).
         self.on_rewind: Callable[[Rewind], None] | None = None
+        # -- rest (see `may_rest`) --
+        #: The row says this worker rests: it writes nothing, its lease is not renewed.
+        self.resting = False
+        #: The database's time of this worker's last statement that landed, and the start of
+        #: its streak (executor_heartbeat).
+        self._seen_at: datetime | None = None
+        self._streak_since: datetime | None = None
+        #: When this worker last had executions (this clock), and whether the next heartbeat
+        #: tells resting peers it heartbeats.
+        self._busy_at = self._clock()
+        self._wake_peers = True
+        #: Peers that heartbeat (may hold runs), at the last statement.
+        self.beating = 1
+        #: Until then (this clock), a resting worker watches every heartbeat: a peer woke.
+        self._alert_until = 0.0
+        self._watched_at = float("-inf")
+        self._published: list[str] | None = None
+        self._published_at = float("-inf")
+        # A byte here wakes the thread from its rest: the fence wants a lease, or a stop.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        fence.on_want = self._poke
 
     # -- connection ----------------------------------------------------------------------
 
@@ -234,6 +269,8 @@ class Heartbeat:
             # no free lock.
             row = conn.execute("SELECT now() AS since").fetchone()
             self._session_since = row["since"] if row else None
+            # A resting worker hears here when a peer starts heartbeating.
+            conn.execute(f"LISTEN {FLEET_CHANNEL}")
         self._conn, self._locked = conn, False
         return conn
 
@@ -311,10 +348,15 @@ class Heartbeat:
                 },
             )
         self.fence.renew(sent, self.timings.lease_s)
+        self.resting = self.fence.resting = False
+        self._busy_at = self._clock()
+        self._wake_peers = True
+        self._published = None
 
     def unregister(self) -> int:
         """A clean stop: hand this worker's runs back to the queue, remove its row."""
         self._stop.set()
+        self._poke()
         if self._thread.is_alive():
             self._thread.join(timeout=self.timings.stale_after_s)
         conn = self._connection()
@@ -333,6 +375,7 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        self._poke()
         if self._thread.is_alive():
             self._thread.join(timeout=self.timings.stale_after_s)
         self._drop_connection()
@@ -341,6 +384,10 @@ class Heartbeat:
         next_at = self._clock()
         while not self._stop.is_set():
             self.tick()
+            if self.resting:
+                self._rest()
+                next_at = self._clock()
+                continue
             # Counted from the tick's answer, so never before the database's moment.
             due_at = None if self._due_s is None else self._clock() + self._due_s
             if due_at is not None and due_at < next_at + self.interval_s():
@@ -354,6 +401,63 @@ class Heartbeat:
             if next_at < now:  # frozen or starved: no burst of catch-up ticks
                 next_at = now
             self._stop.wait(next_at - now)
+
+    # -- rest ------------------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        """Wake the thread from its rest (the fence wants a lease, or the worker stops)."""
+        # A byte may be waiting already (the pipe is full): one is enough.
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"\0")
+
+    def may_rest(self) -> bool:
+        """Whether this worker may stop heartbeating: it has executed nothing for
+        `stale_after_s`, nothing wants a lease, it holds its advisory lock on a session of its
+        own (peers judge a resting worker by that lock alone), and no rewind check is owed.
+        Behind a pooler without a direct URL a worker never rests."""
+        return (
+            self.session_url is not None
+            and self._locked
+            and not self.busy()
+            and not self.fence.wanted
+            and not self._check_rewind
+            and self._unreachable_since is None
+            and self._clock() - self._busy_at >= self.timings.stale_after_s
+        )
+
+    def _should_watch_s(self) -> float:
+        """How long a resting worker may wait before it looks at its peers again."""
+        if self._due_s is not None:
+            return self._due_s
+        if self.beating or self._clock() < self._alert_until:
+            return self.timings.heartbeat_s
+        return self.timings.gap_s * REST_WATCH_SHARE
+
+    def _rest(self) -> None:
+        """Wait, writing nothing, until the next watch is due, a peer starts heartbeating
+        (a notification), the fence wants a lease or the worker stops. A connection the
+        server closed wakes it too: the next statement fails and reconnects."""
+        conn = self._conn
+        deadline = self._clock() + self._should_watch_s()
+        while not self._stop.is_set() and not self.fence.wanted and not self.busy():
+            if conn is None or conn.closed:
+                return
+            try:
+                for _ in conn.notifies(timeout=0):
+                    self._alert_until = self._clock() + self.timings.stale_after_s
+                    return
+            except psycopg.Error:
+                return
+            left = deadline - self._clock()
+            if left <= 0:
+                return
+            try:
+                ready, _, _ = select.select([conn.fileno(), self._wake_r], [], [], min(left, 1.0))
+            except (OSError, ValueError, psycopg.Error):
+                return
+            if self._wake_r in ready:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 64)
 
     def busy(self) -> bool:
         """Whether this worker executes runs (read from the heartbeat thread: a length)."""
@@ -369,6 +473,7 @@ class Heartbeat:
             takeovers = self._tick()
         except psycopg.Error as exc:
             self._drop_connection()
+            self.resting = self.fence.resting = False
             # The server this worker's lease came from may be gone, and the one that follows
             # may not hold what this worker recorded: nothing runs until the check.
             self.fence.suspend()
@@ -391,8 +496,14 @@ class Heartbeat:
             self.rewind_check(conn)
             self._check_rewind = False
         self._take_lock(conn)
+        if not self._locked or self.busy() or self.fence.wanted:
+            self.resting = self.fence.resting = False
+        if self.busy():
+            self._busy_at = self._clock()
+        watch = self.resting
         self._ticks += 1
         lease_s = self.timings.busy_lease_s if self.busy() else self.timings.lease_s
+        wanted = self.fence.wanted
         sent = self._clock()
         with self._bounded(conn):
             rows = conn.execute(
@@ -401,19 +512,30 @@ class Heartbeat:
                     "id": self.executor_id,
                     "session_since": self._session_since,
                     "my_lease_s": lease_s,
+                    "watch": watch,
+                    "wake": self._wake_peers and not watch,
+                    "seen_at": self._seen_at,
+                    "streak_since": self._streak_since,
                     **self.timings.params(),
                 },
             ).fetchall()
         mine, others = rows[0], rows[1:]
         self.peers = int(mine["peers"])
+        self.beating = int(mine["beating"])
+        self._seen_at, self._streak_since = mine["db_now"], mine["streak_since"]
+        if watch:
+            self._watched_at = self._clock()
         due = mine["due_s"]
         # A little past the moment, so the database's clock is past it too; never a busy loop
         # (a peer being taken over by another survivor right now stays due for a moment).
         self._due_s = None if due is None else max(float(due), 0.0) + DUE_MARGIN_S
-        if mine["alive"]:
-            self.fence.renew(sent, lease_s)
-        else:
+        if not mine["alive"]:
             self._taken_over(conn)
+        elif not watch:
+            self._wake_peers = False
+            self.fence.renew(sent, lease_s)
+            if wanted:
+                self.fence.want_served()
         takeovers = [
             Takeover(r["id"], r["hostname"], float(r["silent_s"]), int(r["runs"])) for r in others
         ]
@@ -427,14 +549,10 @@ class Heartbeat:
             )
             if self.on_takeover:
                 self.on_takeover(takeover)
-        # What this worker executes, for `ledgerloop runs stuck`: every PUBLISH_EVERY_S.
-        if self._ticks % max(1, int(PUBLISH_EVERY_S / self.timings.heartbeat_s)) == 0:
-            with self._bounded(conn):
-                conn.execute(
-                    Q["executor_executing"],
-                    {"id": self.executor_id, "running": list(self.fence.running)},
-                )
-        # Orphans (PENDING under a worker with no row) are rare; look every 30 s.
+        if not self.resting:
+            self._publish(conn)
+        # Orphans (PENDING under a worker with no row) are rare; look every 30 s of
+        # heartbeats (less often at rest, when ticks are watches far apart).
         if self._ticks % max(1, int(30 / self.timings.heartbeat_s)) == 0:
             with self._bounded(conn):
                 swept = conn.execute(
@@ -447,7 +565,27 @@ class Heartbeat:
                     len(swept),
                     ", ".join(sorted({r["executor_id"] for r in swept})),
                 )
+        if mine["alive"] and not self.resting and self.may_rest():
+            row = conn.execute(Q["executor_rest"], {"id": self.executor_id}).fetchone()
+            if row is None:
+                self._taken_over(conn)
+            else:
+                self._seen_at = row["db_now"]
+                self.resting = self.fence.resting = True
+                self._published, self._published_at = [], self._clock()
         return takeovers
+
+    def _publish(self, conn: Conn) -> None:
+        """What this worker executes, for `ledgerloop runs stuck`: when it changed, and
+        every PUBLISH_EVERY_S while it executes anything."""
+        running = sorted(self.fence.running)
+        if running == self._published and (
+            not running or self._clock() - self._published_at < PUBLISH_EVERY_S
+        ):
+            return
+        with self._bounded(conn):
+            conn.execute(Q["executor_executing"], {"id": self.executor_id, "running": running})
+        self._published, self._published_at = running, self._clock()
 
     def observe(self, conn: Conn) -> None:
         """A new connection of this worker's pools: when it reaches another timeline than the
@@ -541,6 +679,7 @@ class Heartbeat:
         # stale_after_s) and put our runs back on the queue. Revoke first, so no execution
         # of a lost run starts a step, then come back as a live worker.
         self.fence.revoke()
+        self.resting = self.fence.resting = False
         log.warning(
             "this worker %s was taken over by a peer after a silence; its runs went back "
             "on the queue, registering again",
