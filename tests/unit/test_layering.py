@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"version", "errors", "faults", "client"},
     # Which URL runs through a pooler: registered by config, read by every connection.
     {"db.pooling"},
-    {"config", "failures", "telemetry"},
+    {"config", "failures", "telemetry", "idle"},
     {"db", "sandbox", "fleet.fence"},
     {"models", "tools", "runs", "effects"},
     # Live run streams: read the run store, fanned out over one LISTEN (under http).

@@ -10,6 +10,16 @@ another step, and registers again.
 
 Postgres's clock judges staleness; a worker's clock only times its own lease.
 
+An idle worker rests: once it has executed nothing for `stale_after_s` (and holds its
+advisory lock on a session of its own), it writes `resting_since` once (queries.sql
+`executor_rest`) and then writes nothing. Its lease is not renewed; peers judge a resting
+worker by its session's lock alone (held: alive, however old its heartbeat; free: dead once
+its lease has run out). It still watches its peers, read-only, often enough that its streak
+never breaks, and every heartbeat while any peer heartbeats (a peer that starts
+heartbeating notifies `ledgerloop_fleet`). Anything that needs a lease (a claim, a step
+body, a checkpoint) asks the fence (`Fence.want`), which wakes the thread: its next
+statement is a heartbeat again, and it tells resting peers.
+
 A database that went back in time: after a failover to a replica that lagged, the commits the
 old primary had not shipped are gone, and this worker may hold in memory executions whose
 last steps the database no longer has. A failed heartbeat suspends the fence (no step body,
@@ -34,11 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
-from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -47,129 +53,37 @@ from ledgerloop.db import dbos_checkpoint, pooling
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
 from ledgerloop.fleet.fence import Fence
+from ledgerloop.fleet.timings import (
+    CLAIM_GRACE_MS,
+    DUE_MARGIN_S,
+    FENCED_WORKFLOWS,
+    FLEET_CHANNEL,
+    LOCK_NAMESPACE,
+    PUBLISH_EVERY_S,
+    REMEMBER_S,
+    REST_WATCH_SHARE,
+    SESSION_MARGIN_S,
+    FleetTimings,
+    Rewind,
+    Takeover,
+    software_version,
+)
 from ledgerloop.runs.store import run_executions_stopped
 
 log = logging.getLogger(__name__)
 
 Q = load_queries("ledgerloop.fleet")
 
-#: Namespace of the advisory locks heartbeat sessions hold ("LLFW"); the key is per worker.
-LOCK_NAMESPACE = 0x4C4C_4657
-
-#: How long past a worker's lease its peers wait before taking it over once its session is
-#: gone (see FleetTimings).
-SESSION_MARGIN_S = 0.1
-
-#: An early tick for a peer whose session is gone comes this long after its lease ran out.
-DUE_MARGIN_S = 0.02
-
-#: How long this worker remembers the last checkpoint of a workflow it executed: a failover
-#: that loses more than this much of the recent past is not followed for older runs (their
-#: end, if lost, shows in `ledgerloop runs stuck` and is put back by the rewind check only
-#: while they are PENDING under this worker).
-REMEMBER_S = 600.0
-
-#: A workflow claimed this recently may not be known to the fence yet: not judged idle.
-CLAIM_GRACE_MS = 2000
-
-#: How often a worker publishes the workflows it executes (`ledgerloop runs stuck`).
-PUBLISH_EVERY_S = 2.0
-
-#: A resting worker with no heartbeating peer looks at its peers this often, as a share of
-#: FleetTimings.gap_s: so its streak never breaks (executor_heartbeat) and it judges a peer
-#: that starts heartbeating and dies at once as promptly as a heartbeating worker would. It
-#: watches every heartbeat while any peer heartbeats.
-REST_WATCH_SHARE = 0.8
-
-#: The channel a worker notifies when it starts heartbeating (registered, or woken from a
-#: rest): resting peers then watch it while it may hold runs.
-FLEET_CHANNEL = "ledgerloop_fleet"
-
-#: The workflows whose executions the fence knows (agent.loop, agent.episodes).
-FENCED_WORKFLOWS = ("ledgerloop_run", "ledgerloop_episode")
-
-
-@dataclass(frozen=True)
-class Rewind:
-    """What the rewind check found after a reconnection."""
-
-    #: Workflows whose last checkpoint by this worker the database no longer holds.
-    lost: list[str]
-    #: Workflows put back on the queue (lost, or PENDING here and not executed here).
-    moved: list[str]
-    #: The server's timeline before and after (None: unknown).
-    timeline_before: int | None
-    timeline_after: int | None
-
-
-def software_version() -> str:
-    try:
-        return package_version("ledgerloop")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-@dataclass(frozen=True)
-class FleetTimings:
-    """How often a worker heartbeats and when a silent one counts as dead.
-
-    lease_s: how long after sending a heartbeat an idle worker may start step bodies.
-    busy_heartbeat_s, busy_lease_s: the same while the worker executes runs. It heartbeats
-    twice as often and takes a shorter lease, so that when it dies its runs wait less for a
-    peer; an idle worker has nothing to hand over and keeps the database's load low.
-    Each heartbeat writes the lease it grants into the worker's row (`lease_until`, never
-    moved earlier), and peers judge by that row, whatever timings they run with.
-    session_dead_s: a worker whose heartbeat session is gone counts as dead this long after
-    an idle worker's heartbeat (its row's lease plus the margin, for a row written before
-    rows carried their lease). The lease counts from before the heartbeat's statement was
-    sent, its row holds the database's time when it ran, so the margin only has to cover how
-    far two clocks' rates can differ over a lease (parts per million) and the step from the
-    fence's check to the body's start.
-    gap_s: a heartbeat later than this after the previous one starts a new streak.
-    """
-
-    heartbeat_s: float = 0.5
-    stale_after_s: float = 5.0
-
-    @property
-    def lease_s(self) -> float:
-        return max(self.heartbeat_s * 2.5, self.stale_after_s / 4)
-
-    @property
-    def busy_heartbeat_s(self) -> float:
-        return self.heartbeat_s / 2
-
-    @property
-    def busy_lease_s(self) -> float:
-        # Two busy heartbeats may be late before steps pause (never a wrong takeover).
-        return self.busy_heartbeat_s * 3
-
-    @property
-    def session_dead_s(self) -> float:
-        return self.lease_s + SESSION_MARGIN_S
-
-    @property
-    def gap_s(self) -> float:
-        return self.stale_after_s / 2
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "stale_s": self.stale_after_s,
-            "lease_s": self.lease_s,
-            "margin_s": SESSION_MARGIN_S,
-            "gap_s": self.gap_s,
-            "lock_ns": LOCK_NAMESPACE,
-        }
-
-
-@dataclass(frozen=True)
-class Takeover:
-    """A dead peer this worker took over, and how many of its runs went back on the queue."""
-
-    executor_id: str
-    hostname: str
-    silent_s: float
-    runs: int
+# Defined in fleet.timings, imported from here by callers.
+__all__ = [
+    "LOCK_NAMESPACE",
+    "SESSION_MARGIN_S",
+    "FleetTimings",
+    "Heartbeat",
+    "Rewind",
+    "Takeover",
+    "software_version",
+]
 
 
 class Heartbeat:
