@@ -10,15 +10,12 @@ another step, and registers again.
 
 Postgres's clock judges staleness; a worker's clock only times its own lease.
 
-An idle worker rests: once it has executed nothing for `stale_after_s` (and holds its
-advisory lock on a session of its own), it writes `resting_since` once (queries.sql
-`executor_rest`) and then writes nothing. Its lease is not renewed; peers judge a resting
-worker by its session's lock alone (held: alive, however old its heartbeat; free: dead once
-its lease has run out). It still watches its peers, read-only, often enough that its streak
-never breaks, and every heartbeat while any peer heartbeats (a peer that starts
-heartbeating notifies `ledgerloop_fleet`). Anything that needs a lease (a claim, a step
-body, a checkpoint) asks the fence (`Fence.want`), which wakes the thread: its next
-statement is a heartbeat again, and it tells resting peers.
+An idle worker rests: after `stale_after_s` with nothing to execute (holding its advisory
+lock on a session of its own) it writes `resting_since` once (`executor_rest`), then nothing;
+its lease is not renewed, and peers judge it by its session's lock alone. It watches its
+peers read-only (its streak never breaks; every heartbeat while a peer heartbeats, which
+notifies `ledgerloop_fleet`). A claim, step body or checkpoint asks the fence for a lease
+(`Fence.want`), which wakes the thread: its next statement is a heartbeat again.
 
 A database that went back in time: after a failover to a replica that lagged, the commits the
 old primary had not shipped are gone, and this worker may hold in memory executions whose
