@@ -20,20 +20,24 @@ Targets for `ledgerloop up`: <= 5 statements/s, 0 WAL commits/s.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
-from ledgerloop.db.cluster import LocalCluster, free_port
+from ledgerloop.db.cluster import free_port
+from ledgerloop.testing.idle_cost import (
+    counting_cluster,
+    database_oid,
+    reset_statements,
+    statements,
+    top_statements,
+    wal_by_database,
+    wal_lsn,
+)
 from ledgerloop.testing.postgres import DatabaseFactory, wait_until
 from ledgerloop.testing.processes import REPO, stop_all
 from scripts.benchmarks.common import report, scripted
@@ -42,113 +46,6 @@ from scripts.benchmarks.fleet import cpu_seconds, fleet_env
 WINDOW_S = float(os.environ.get("BENCH_IDLE_S", "30"))
 WARMUP_S = float(os.environ.get("BENCH_IDLE_WARMUP_S", "65"))
 LOG = Path(tempfile.gettempdir()) / "ledgerloop-bench-idle.log"
-
-_RECORD = re.compile(r"rmgr: (\w+)\s+len \(rec/tot\):\s+\d+/\s*(\d+), tx:\s+(\d+), .*?desc: (\w+)")
-_RELATION = re.compile(r"rel \d+/(\d+)/\d+")
-
-
-@dataclass
-class Load:
-    statements: int = 0
-    brackets: int = 0
-    wal_commits: int = 0
-    wal_bytes: int = 0
-
-
-@contextmanager
-def cluster() -> Iterator[LocalCluster]:
-    """A throwaway cluster that counts statements."""
-    with tempfile.TemporaryDirectory(prefix="ledgerloop-bench-idle-") as tmp:
-        local = LocalCluster(Path(tmp) / "cluster")
-        local.init()
-        with (local.data_dir / "postgresql.conf").open("a") as conf:
-            conf.write(
-                "shared_preload_libraries = 'pg_stat_statements'\n"
-                "pg_stat_statements.track = all\n"
-                "pg_stat_statements.track_utility = on\n"
-            )
-        local.start()
-        try:
-            yield local
-        finally:
-            local.destroy()
-
-
-def statements(admin_url: str) -> dict[int, tuple[int, int]]:
-    """(statements, of which BEGIN/COMMIT/ROLLBACK) per database oid since the last reset."""
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT dbid, sum(calls), "
-            "       sum(calls) FILTER (WHERE left(query, 5) = 'BEGIN' "
-            "                          OR query IN ('COMMIT', 'ROLLBACK')) "
-            "FROM pg_stat_statements GROUP BY dbid"
-        ).fetchall()
-    return {int(db): (int(n), int(b or 0)) for db, n, b in rows}
-
-
-def top_statements(admin_url: str, db: int, limit: int = 10) -> list[tuple[int, str]]:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT calls, regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements "
-            "WHERE dbid = %s ORDER BY calls DESC LIMIT %s",
-            (db, limit),
-        ).fetchall()
-    return [(int(calls), str(query)[:120]) for calls, query in rows]
-
-
-def wal_by_database(local: LocalCluster, start: str, end: str) -> dict[int, tuple[int, int]]:
-    """(commit records, bytes) per database oid in the WAL from `start` to `end`."""
-    out = subprocess.run(
-        [
-            str(local.bin_dir / "pg_waldump"),
-            "-p",
-            str(local.data_dir / "pg_wal"),
-            "-s",
-            start,
-            "-e",
-            end,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    db_of_xid: dict[int, int] = {}
-    commits: list[tuple[int, int]] = []
-    size: Counter[int] = Counter()
-    for line in out.splitlines():
-        record = _RECORD.search(line)
-        if not record:
-            continue
-        rmgr, length, xid, desc = record[1], int(record[2]), int(record[3]), record[4]
-        relation = _RELATION.search(line)
-        if relation and int(relation[1]):
-            db = int(relation[1])
-            size[db] += length
-            if xid:
-                db_of_xid.setdefault(xid, db)
-        if rmgr == "Transaction" and desc.startswith("COMMIT"):
-            commits.append((xid, length))
-    counts: Counter[int] = Counter()
-    for xid, length in commits:
-        db = db_of_xid.get(xid, 0)
-        counts[db] += 1
-        size[db] += length
-    return {db: (counts[db], size[db]) for db in set(counts) | set(size)}
-
-
-def wal_lsn(admin_url: str) -> str:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-    return str(row[0])
-
-
-def oid(admin_url: str, url: str) -> int:
-    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        row = conn.execute("SELECT oid FROM pg_database WHERE datname = %s", (name,)).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def registered(url: str) -> bool:
@@ -164,10 +61,8 @@ def running(*procs: subprocess.Popen[bytes]) -> None:
 
 
 def main() -> None:
-    with cluster() as local, scripted("default: {turns: [{text: done}]}") as model:
+    with counting_cluster() as local, scripted("default: {turns: [{text: done}]}") as model:
         admin = local.url
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         factory = DatabaseFactory(admin)
         url = factory.create()
         with psycopg.connect(admin, autocommit=True) as conn:
@@ -193,9 +88,8 @@ def main() -> None:
             wait_until(lambda: registered(url), timeout=90, interval=0.5)
             time.sleep(WARMUP_S)
             running(worker, bare)
-            ours, theirs = oid(admin, url), oid(admin, bare_url)
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute("SELECT pg_stat_statements_reset()")
+            ours, theirs = database_oid(admin, url), database_oid(admin, bare_url)
+            reset_statements(admin)
             lsn0 = wal_lsn(admin)
             cpu0 = {p.pid: cpu_seconds(p.pid) for p in (worker, bare)}
             t0 = time.monotonic()
