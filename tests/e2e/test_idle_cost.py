@@ -11,8 +11,10 @@ import tempfile
 from pathlib import Path
 
 import psycopg
+from psycopg.rows import dict_row
 
 from ledgerloop.db.cluster import free_port
+from ledgerloop.fleet.views import workers_list
 from ledgerloop.models.script import parse_script
 from ledgerloop.models.scripted_server import ScriptedModelServer
 from ledgerloop.testing.idle_cost import (
@@ -73,6 +75,11 @@ def test_an_idle_ledgerloop_up_commits_nothing_and_makes_few_statements() -> Non
             watches = calls_like(admin, db, HEARTBEAT)
             assert proc.poll() is None, log.read_text()
             assert _resting(url)  # it never woke: nothing asked for a lease
+            # Its heartbeat is old, and `ledgerloop workers` says why it is alive all the same.
+            with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+                (worker,) = workers_list(conn)
+            assert worker.resting
+            assert worker.alive(stale_after_s=0.0)
         finally:
             stop_all(proc)
         commits, _ = wal_by_database(local, start, end).get(db, (0, 0))

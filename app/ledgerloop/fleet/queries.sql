@@ -248,11 +248,19 @@ FROM dbos.workflow_status
 WHERE workflow_uuid = %(workflow_id)s
 
 -- name: workers_list
+-- resting: the worker rests (fleet/heartbeat.py) and its heartbeat session still holds its
+-- advisory lock (namespace LOCK_NAMESPACE, "LLFW"), so it is alive however old its heartbeat.
 SELECT e.id, e.hostname, e.pid, e.application_version, e.software_version, e.started_at,
        extract(epoch FROM now() - e.heartbeat_at)::float8 AS heartbeat_age_s,
+       (e.resting_since IS NOT NULL AND EXISTS (
+          SELECT 1 FROM pg_locks l
+          WHERE l.locktype = 'advisory' AND l.granted AND l.database = d.oid
+            AND l.classid = x'4C4C4657'::int::oid AND l.objid = e.lock_key::oid
+            AND l.objsubid = 2)) AS resting,
        (SELECT count(*) FROM dbos.workflow_status w
         WHERE w.executor_id = e.id AND w.status = 'PENDING') AS runs_executing
 FROM ledgerloop.executor e
+JOIN pg_database d ON d.datname = current_database()
 ORDER BY e.started_at, e.id
 
 -- name: runs_stuck
