@@ -41,7 +41,9 @@ WHERE executor_id = (SELECT id FROM registered) AND status = 'PENDING'
 -- fence may still hold an earlier, longer lease. A heartbeat ends a rest (resting_since).
 --
 -- Dead: no heartbeat for %(stale_s)s, unless it rests and its heartbeat session still holds
--- its advisory lock (a resting worker writes nothing; its session is its heartbeat); or its
+-- its advisory lock (a resting worker writes nothing; its session is its heartbeat), or it
+-- rests and this server (or this worker's session: a failover) has been up for less than
+-- %(stale_s)s (a restart frees every lock: it gets that long to take its lock again); or its
 -- lease run out %(margin_s)s ago (a row without lease_until, written by an older release:
 -- %(lease_s)s after its heartbeat) and its heartbeat session gone (its advisory lock is
 -- free: the process was killed or lost its connection).
@@ -106,7 +108,9 @@ dead AS (
       AND (
         (e.heartbeat_at < now() - make_interval(secs => %(stale_s)s)
          AND (e.resting_since IS NULL OR e.lock_key = 0
-              OR pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key)))
+              OR (greatest(pg_postmaster_start_time(), %(session_since)s)
+                    < now() - make_interval(secs => %(stale_s)s)
+                  AND pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key))))
         OR (coalesce(e.lease_until, e.heartbeat_at + make_interval(secs => %(lease_s)s))
               < now() - make_interval(secs => %(margin_s)s)
             AND e.heartbeat_at > %(session_since)s
