@@ -187,7 +187,16 @@ class Dispatcher:
         """Claim and start queued runs, a batch at a time, until a batch comes back short.
         False if it stopped early (the fence is down): the caller tries again soon."""
         while not self._stop.is_set():
-            if not self.fence.valid():
+            # Under the fence's claim lock: the heartbeat takes it to rest, so a claim is
+            # never committed under a row that says this worker rests (it would be judged
+            # by its lock alone, and a freeze would keep its runs).
+            with self.fence.claim_lock:
+                valid = self.fence.valid()
+                if valid:
+                    # On the listening connection: the claim is one statement there
+                    # (dbos_internals).
+                    claimed = dbos_internals.claim_batch(self.queue, self.batch, self._listen())
+            if not valid:
                 # Resting (no lease, to write nothing while idle): heartbeat first, when
                 # there may be work, so the claimed runs start their steps at once.
                 # Presumed dead or about to be: claiming now would hand runs to a worker
@@ -197,8 +206,6 @@ class Dispatcher:
                 if not self.fence.wait_valid(WAKE_WAIT_S):
                     return False
                 continue
-            # On the listening connection: the claim is one statement there (dbos_internals).
-            claimed = dbos_internals.claim_batch(self.queue, self.batch, self._listen())
             if claimed.statuses:
                 self.fence.verified(claimed.owner)
                 dbos_internals.start_claimed(claimed)

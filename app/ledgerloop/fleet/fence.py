@@ -62,6 +62,8 @@ class Fence:
         self.wanted = False
         #: Called by `want` (the heartbeat wakes from its rest).
         self.on_want: Callable[[], None] | None = None
+        #: Held by a claim from the queue, and by the heartbeat while it goes to rest.
+        self.claim_lock = threading.Lock()
 
     # -- written by the heartbeat thread --------------------------------------------------
 
@@ -79,6 +81,13 @@ class Fence:
             self.wanted = True
             if self.on_want is not None:
                 self.on_want()
+
+    def rest(self) -> None:
+        """The heartbeat rests: the lease ends now (call with `claim_lock` held)."""
+        with self._cond:
+            self._lease_until = float("-inf")
+            self.resting = True
+            self._cond.notify_all()
 
     def want_served(self) -> None:
         """A heartbeat landed and renewed the lease."""

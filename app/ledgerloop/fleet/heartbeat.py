@@ -322,10 +322,8 @@ class Heartbeat:
             os.write(self._wake_w, b"\0")
 
     def may_rest(self) -> bool:
-        """Whether this worker may stop heartbeating: it has executed nothing for
-        `stale_after_s`, nothing wants a lease, it holds its advisory lock on a session of its
-        own (peers judge a resting worker by that lock alone), and no rewind check is owed.
-        Behind a pooler without a direct URL a worker never rests."""
+        """Whether this worker may stop heartbeating: nothing executed or wanted a lease for
+        `stale_after_s`, and it holds its lock on a session of its own (not via a pooler)."""
         return (
             self.session_url is not None
             and self._locked
@@ -345,9 +343,8 @@ class Heartbeat:
         return self.timings.gap_s * REST_WATCH_SHARE
 
     def _rest(self) -> None:
-        """Wait, writing nothing, until the next watch is due, a peer starts heartbeating
-        (a notification), the fence wants a lease or the worker stops. A connection the
-        server closed wakes it too: the next statement fails and reconnects."""
+        """Wait until a watch is due, a peer starts heartbeating (notified), the fence wants
+        a lease, the worker stops, or the server closes the connection."""
         conn = self._conn
         deadline = self._clock() + self._should_watch_s()
         while not self._stop.is_set() and not self.fence.wanted and not self.busy():
@@ -371,8 +368,7 @@ class Heartbeat:
                     os.read(self._wake_r, 64)
 
     def busy(self) -> bool:
-        """Whether this worker executes runs (read from the heartbeat thread: a length)."""
-        return bool(self.fence.executions)
+        return bool(self.fence.executions)  # whether it executes runs (a length: no lock)
 
     def interval_s(self) -> float:
         return self.timings.busy_heartbeat_s if self.busy() else self.timings.heartbeat_s
@@ -409,7 +405,7 @@ class Heartbeat:
         self._take_lock(conn)
         if not self._locked or self.busy() or self.fence.wanted:
             self.resting = self.fence.resting = False
-        if self.busy():
+        if self.busy() or self.fence.wanted:
             self._busy_at = self._clock()
         watch = self.resting
         self._ticks += 1
@@ -477,22 +473,26 @@ class Heartbeat:
                     ", ".join(sorted({r["executor_id"] for r in swept})),
                 )
         if mine["alive"] and not self.resting and self.may_rest():
-            row = conn.execute(Q["executor_rest"], {"id": self.executor_id}).fetchone()
-            if row is None:
-                self._taken_over(conn)
-            else:
-                self._seen_at = row["db_now"]
-                self.resting = self.fence.resting = True
-                self._published, self._published_at = [], self._clock()
+            self._rest_now(conn)
         return takeovers
 
+    def _rest_now(self, conn: Conn) -> None:
+        # No claim commits meanwhile (the dispatcher claims under this lock).
+        with self.fence.claim_lock:
+            row = conn.execute(Q["executor_rest"], {"id": self.executor_id}).fetchone()
+            if row is None:  # something is PENDING here (or the row is gone): not now
+                self._busy_at = self._clock()
+                return
+            self.fence.rest()
+        self._seen_at = row["db_now"]
+        self.resting = True
+        self._published, self._published_at = [], self._clock()
+
     def _publish(self, conn: Conn) -> None:
-        """What this worker executes, for `ledgerloop runs stuck`: when it changed, and
-        every PUBLISH_EVERY_S while it executes anything."""
+        """What it executes (`runs stuck`): on a change, and every PUBLISH_EVERY_S if any."""
         running = sorted(self.fence.running)
-        if running == self._published and (
-            not running or self._clock() - self._published_at < PUBLISH_EVERY_S
-        ):
+        recent = self._clock() - self._published_at < PUBLISH_EVERY_S
+        if running == self._published and (not running or recent):
             return
         with self._bounded(conn):
             conn.execute(Q["executor_executing"], {"id": self.executor_id, "running": running})

@@ -190,9 +190,13 @@ ORDER BY ord
 -- so (peers then judge it by its heartbeat session's advisory lock alone, executor_heartbeat)
 -- and publishes that it executes nothing. Its lease is not renewed: any step body, claim or
 -- checkpoint first heartbeats again.
+-- Not while any workflow is PENDING under it (claimed, not yet executing: the claim and this
+-- statement are serialized in the worker): a resting row holds no runs.
 UPDATE ledgerloop.executor
 SET resting_since = now(), heartbeat_at = now(), executing = '{}', executing_at = now()
 WHERE id = %(id)s
+  AND NOT EXISTS (SELECT 1 FROM dbos.workflow_status w
+                  WHERE w.executor_id = %(id)s AND w.status = 'PENDING')
 RETURNING now() AS db_now
 
 -- name: executor_sweep_orphans
