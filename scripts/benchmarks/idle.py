@@ -20,15 +20,21 @@ Targets for `ledgerloop up`: <= 5 statements/s, 0 WAL commits/s.
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
 from ledgerloop.db.cluster import free_port
+from ledgerloop.db.connect import connect
+from ledgerloop.runs.start import start_run
+from ledgerloop.runs.states import TERMINAL
+from ledgerloop.runs.store import run_require
 from ledgerloop.testing.idle_cost import (
     counting_cluster,
     database_oid,
@@ -46,12 +52,54 @@ from scripts.benchmarks.fleet import cpu_seconds, fleet_env
 WINDOW_S = float(os.environ.get("BENCH_IDLE_S", "30"))
 WARMUP_S = float(os.environ.get("BENCH_IDLE_WARMUP_S", "65"))
 LOG = Path(tempfile.gettempdir()) / "ledgerloop-bench-idle.log"
+LATENCY_PAIRS = 3
 
 
 def registered(url: str) -> bool:
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM ledgerloop.executor").fetchone()
     return bool(row and row[0])
+
+
+def resting(url: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT bool_and(resting_since IS NOT NULL) FROM ledgerloop.executor"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def first_step_ms(conn: psycopg.Connection[Any]) -> float:
+    """From a SQL `start_run`'s commit to its first step's start, as DBOS journals it."""
+    with conn.transaction():
+        run_id = start_run(conn, agent="ops", input={"message": "from rest"})
+    committed_ms = time.time() * 1000
+
+    def first_step() -> object:
+        row = conn.execute(
+            "SELECT started_at_epoch_ms FROM dbos.operation_outputs "
+            "WHERE workflow_uuid = %s AND function_id = 1",
+            (str(run_id),),
+        ).fetchone()
+        conn.commit()
+        return row
+
+    row = wait_until(first_step, timeout=30, interval=0.002)
+    wait_until(lambda: run_require(conn, run_id).status in TERMINAL, timeout=30, interval=0.01)
+    return float(row["started_at_epoch_ms"]) - committed_ms  # type: ignore[index]
+
+
+def start_latencies(url: str) -> tuple[list[float], list[float]]:
+    """A run started while the worker rests (it heartbeats before it claims), then one right
+    after, while it is awake: LATENCY_PAIRS of each."""
+    from_rest: list[float] = []
+    awake: list[float] = []
+    with connect(url) as conn:
+        for _ in range(LATENCY_PAIRS):
+            wait_until(lambda: resting(url), timeout=60, interval=0.2)
+            from_rest.append(first_step_ms(conn))
+            awake.append(first_step_ms(conn))
+    return from_rest, awake
 
 
 def running(*procs: subprocess.Popen[bytes]) -> None:
@@ -100,6 +148,7 @@ def main() -> None:
             lsn1 = wal_lsn(admin)
             tops = {db: top_statements(admin, db) for db in (ours, theirs)}
             running(worker, bare)
+            from_rest, awake = start_latencies(url)
         finally:
             stop_all(worker, bare)
         wal = wal_by_database(local, lsn0, lsn1)
@@ -120,6 +169,13 @@ def main() -> None:
             (f"{label}: CPU (% of one core)", cpu, ""),
         ]
     report(f"idle over {elapsed:.0f} s (defaults), side by side", rows)
+    report(
+        f"SQL start_run commit -> first step ({LATENCY_PAIRS} each)",
+        [
+            ("from rest, median (ms)", statistics.median(from_rest), "heartbeat, then claim"),
+            ("awake (the run right after), median (ms)", statistics.median(awake), "baseline"),
+        ],
+    )
     for label, db in (("ledgerloop up", ours), ("bare DBOS", theirs)):
         print(f"  {label}: most frequent statements (calls in the window):")
         for calls, query in tops[db]:

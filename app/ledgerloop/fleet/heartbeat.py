@@ -351,7 +351,7 @@ class Heartbeat:
             if conn is None or conn.closed:
                 return
             try:
-                for _ in conn.notifies(timeout=0):
+                if list(conn.notifies(timeout=0)):  # a peer started heartbeating
                     self._alert_until = self._clock() + self.timings.stale_after_s
                     return
             except psycopg.Error:
@@ -433,8 +433,7 @@ class Heartbeat:
         if watch:
             self._watched_at = self._clock()
         due = mine["due_s"]
-        # A little past the moment, so the database's clock is past it too; never a busy loop
-        # (a peer being taken over by another survivor right now stays due for a moment).
+        # A little past the moment (the database's clock too); never a busy loop.
         self._due_s = None if due is None else max(float(due), 0.0) + DUE_MARGIN_S
         if not mine["alive"]:
             self._taken_over(conn)
@@ -458,6 +457,7 @@ class Heartbeat:
                 self.on_takeover(takeover)
         if not self.resting:
             self._publish(conn)
+            list(conn.notifies(timeout=0))  # heard while awake: nothing to do, let go
         # Orphans (PENDING under a worker with no row) are rare; look every 30 s of
         # heartbeats (less often at rest, when ticks are watches far apart).
         if self._ticks % max(1, int(30 / self.timings.heartbeat_s)) == 0:
