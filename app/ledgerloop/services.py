@@ -117,14 +117,18 @@ async def cancel_sweep_service(runtime: Runtime, stop: asyncio.Event) -> None:
     from dbos import DBOS
 
     from ledgerloop.control.cancel import cancel_requests_settle
+    from ledgerloop.idle import IdleBackoff
 
     interval = runtime.settings.cancel_sweep_s
+    # A safety net (the requester cancels the workflow itself): slower while it finds none.
+    backoff = IdleBackoff(interval)
 
     def sweep() -> int:
         with runtime.pool.connection() as conn:
             return cancel_requests_settle(conn, DBOS, settle_s=interval)
 
     while not stop.is_set():
+        settled = 0
         try:
             settled = await asyncio.to_thread(sweep)
             if settled:
@@ -132,7 +136,7 @@ async def cancel_sweep_service(runtime: Runtime, stop: asyncio.Event) -> None:
         except Exception:
             log.exception("cancel sweep failed")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
+            await asyncio.wait_for(stop.wait(), backoff.after(settled > 0))
 
 
 async def sweeper_service(runtime: Runtime, stop: asyncio.Event) -> None:

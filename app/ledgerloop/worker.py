@@ -318,6 +318,7 @@ async def run_worker(
             QUEUE_NAME, worker_concurrency=settings.worker_concurrency
         )
         dbos_internals.slow_internal_queue(settings.dispatch_fallback_s)
+        dbos_internals.quiet_queue_manager()
         heartbeat.start()
         dispatcher = Dispatcher(
             url,

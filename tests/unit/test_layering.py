@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     # Which URL runs through a pooler: registered by config, read by every connection.
     # ... and how many connections a process may hold, and their names (db.footprint).
     {"db.pooling", "db.footprint"},
-    {"config", "failures", "telemetry"},
+    {"config", "failures", "telemetry", "idle"},
     {"db", "sandbox", "fleet.fence"},
     {"models", "tools", "runs", "effects"},
     # Live run streams: read the run store, fanned out over one LISTEN (under http).

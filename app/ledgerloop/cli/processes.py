@@ -93,6 +93,7 @@ def workers(
             "started_at": worker.started_at,
             "heartbeat_age_s": round(worker.heartbeat_age_s, 3),
             "alive": worker.alive(settings.stale_after_s),
+            "resting": worker.resting,
             "runs_executing": worker.runs_executing,
         }
         for worker in found
@@ -100,7 +101,8 @@ def workers(
     table = [
         {
             **r,
-            "heartbeat": f"{r['heartbeat_age_s']:.1f} s ago" + ("" if r["alive"] else " (silent)"),
+            "heartbeat": f"{r['heartbeat_age_s']:.1f} s ago"
+            + (" (resting)" if r["resting"] else "" if r["alive"] else " (silent)"),
         }
         for r in records
     ]

@@ -41,6 +41,7 @@ from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
 from ledgerloop.effects.ledger import effects_cancel_pending
 from ledgerloop.failures import describe
+from ledgerloop.idle import IdleBackoff
 from ledgerloop.runs.states import TERMINAL, RunStatus
 from ledgerloop.runs.store import StaleRun, run_facts, run_get, run_transition
 from ledgerloop.telemetry.runtrace import end_run
@@ -240,13 +241,17 @@ async def run_sweeper(
     """Sweep every `config.interval_s` until `stop`; a failed pass (the database away) is
     logged once and tried again at the next tick."""
     failing = False
+    # Slower while passes settle nothing (ledgerloop.idle): what it catches is rare and
+    # never urgent to the second (a deadline, a workflow that is gone).
+    backoff = IdleBackoff(config.interval_s)
     while not stop.is_set():
+        found = True
         try:
-            await sweep_once(pool, config, compensate)
+            found = bool(await sweep_once(pool, config, compensate))
             failing = False
         except Exception:
             if not failing:
                 log.exception("sweeper pass failed; retrying every %.0f s", config.interval_s)
             failing = True
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), config.interval_s)
+            await asyncio.wait_for(stop.wait(), backoff.after(found))

@@ -45,6 +45,7 @@ from ledgerloop.effects.ledger import Effect, Q
 from ledgerloop.effects.messages import DeliveryRequest, EffectStatus, OutboxStatus
 from ledgerloop.effects.outbox import AConn, connect_async, connect_async_or_later
 from ledgerloop.errors import LedgerloopError
+from ledgerloop.idle import IdleBackoff
 from ledgerloop.mcptools.calls import mcp_lookup
 from ledgerloop.mcptools.client import McpConnections
 from ledgerloop.telemetry.effect_spans import settled_span
@@ -267,10 +268,13 @@ class Reconciler:
         return sum(done)
 
     async def run(self, stop: asyncio.Event, interval_s: float = 5.0) -> None:
-        """Reconcile until `stop`, waking every `interval_s` or when the next lease runs out."""
+        """Reconcile until `stop`, waking every `interval_s` or when the next lease runs out;
+        while there is nothing to settle and no lease to wait for, less often (ledgerloop.idle:
+        a row that appears meanwhile is found within the longest idle wait)."""
+        backoff = IdleBackoff(interval_s)
         while not stop.is_set():
             try:
-                await self.reconcile_once()
+                done = await self.reconcile_once()
                 cursor = await self._db().execute(Q["effect_next_unsettled"])
                 row = await cursor.fetchone()
                 due_in = row["due_in_s"] if row else None
@@ -279,7 +283,8 @@ class Reconciler:
                 await _wait(interval_s, stop)
                 await self._reconnect()
                 continue
-            timeout = interval_s if due_in is None else min(max(due_in, MIN_WAIT_S), interval_s)
+            idle_s = backoff.after(bool(done) or due_in is not None)
+            timeout = idle_s if due_in is None else min(max(due_in, MIN_WAIT_S), interval_s)
             await _wait(timeout, stop)
 
     async def _reconnect(self) -> None:

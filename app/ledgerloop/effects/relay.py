@@ -54,6 +54,7 @@ from ledgerloop.effects.outbox import (
     outbox_record,
 )
 from ledgerloop.errors import LedgerloopError
+from ledgerloop.idle import IdleBackoff
 from ledgerloop.mcptools.calls import call_tool
 from ledgerloop.mcptools.client import McpConnections
 from ledgerloop.mcptools.spans import call_facts, merge_sdk_spans
@@ -215,6 +216,9 @@ class Relay:
                 "relay without LISTEN (no direct database URL): due rows are found within %.1f s",
                 self.config.safety_poll_s,
             )
+        # With LISTEN, the safety poll is for a lost notification: slower while it finds
+        # nothing (ledgerloop.idle). Without, it is how rows are found: never slower.
+        backoff = IdleBackoff(self.config.safety_poll_s)
         try:
             while not stop.is_set():
                 self._slot_freed.clear()
@@ -231,8 +235,11 @@ class Relay:
                     await _wait_any(self.config.reconnect_s, stop)
                     await self._reconnect_claim()
                     continue
+                idle_s = backoff.after(
+                    bool(claimed) or due_in is not None or self.listen_url is None
+                )
                 if due_in is None:
-                    timeout = self.config.safety_poll_s
+                    timeout = idle_s
                 elif due_in <= 0:
                     timeout = CONTENDED_WAIT_S
                 else:

@@ -27,6 +27,10 @@
 - An execution that lost its workflow is parked by DBOS: it polls for the new owner's
   outcome once a second for as long as the run lasts. Ledgerloop ends that task instead
   (fleet.guard.executing), recognising the loss by DBOS's own error type.
+- DBOS's queue manager thread lists the queues table every second, with no setting, to start
+  a poller for each queue it listens to; a worker listens to none of them
+  (`DBOS.listen_queues([])`), so every row it reads is dropped: Ledgerloop answers that
+  thread's question with no rows instead of a statement (`quiet_queue_manager`).
 - DBOS's engine pings each connection on checkout unless told otherwise (a setting, public).
 - Behind a transaction-mode pooler DBOS runs without LISTEN; the dispatcher's direct
   connection LISTENs on DBOS's message channel and sets DBOS's waiters as its listener would
@@ -416,6 +420,25 @@ def slow_internal_queue(polling_interval_s: float) -> None:
     """Poll DBOS's internal queue (resumed workflows) every `polling_interval_s`."""
     queue = _get_dbos_instance()._registry.get_internal_queue()
     queue._polling_interval_sec = polling_interval_s
+
+
+def quiet_queue_manager() -> None:
+    """Answer DBOS's queue manager thread's once-a-second `list_queues` with no rows while
+    this process listens to no queue of the table (call after DBOS.launch). Its own
+    internal queues are added by that thread whatever the list says; every other caller
+    still reads the table."""
+    dbos = _get_dbos_instance()
+    sys_db = dbos._sys_db
+    listed = sys_db.list_queues
+
+    def list_queues(*args: Any, **kwargs: Any) -> Any:
+        if dbos._listening_queues == [] and threading.current_thread().name.endswith(
+            "(queue_thread)"
+        ):
+            return []
+        return listed(*args, **kwargs)
+
+    sys_db.list_queues = list_queues  # type: ignore[method-assign]
 
 
 def slow_background_jobs(interval_s: float) -> None:

@@ -36,12 +36,18 @@ from typing import Any
 import psycopg
 
 from ledgerloop.db import footprint, pooling
+from ledgerloop.db.sql import load_queries
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.fence import Fence
 
 log = logging.getLogger(__name__)
 
+Q = load_queries("ledgerloop.fleet")
+
 CHANNEL = "ledgerloop_runs"
+
+#: How long a claim waits for a resting worker's heartbeat (see drain).
+WAKE_WAIT_S = 1.0
 
 #: The pause after a full batch before claiming the next one (see drain).
 BATCH_PAUSE_S = 0.005
@@ -252,6 +258,12 @@ class Dispatcher:
         if self._conn is not None:
             self._conn.close()
 
+    def _work_waiting(self) -> bool:
+        """Whether Ledgerloop's queue holds a run a claim could take (a read: a resting
+        worker asks before it heartbeats again, so its fallback poll writes nothing)."""
+        row = self._listen().execute(Q["queue_waiting"], {"queue": self.queue.name}).fetchone()
+        return bool(row and row[0])
+
     def pause_s(self) -> float:
         """The pause after a full batch: BATCH_PAUSE_S per batch this worker already runs;
         none for a worker alone, which no one else would take the next batch from (with the
@@ -265,12 +277,25 @@ class Dispatcher:
         """Claim and start queued runs, a batch at a time, until a batch comes back short.
         False if it stopped early (the fence is down): the caller tries again soon."""
         while not self._stop.is_set():
-            if not self.fence.valid():
-                # Presumed dead or about to be: claiming now would hand runs to a worker that
-                # may not run steps.
-                return False
-            # On the listening connection: the claim is one statement there (dbos_internals).
-            claimed = dbos_internals.claim_batch(self.queue, self.batch, self._listen())
+            # Under the fence's claim lock: the heartbeat takes it to rest, so a claim is
+            # never committed under a row that says this worker rests (it would be judged
+            # by its lock alone, and a freeze would keep its runs).
+            with self.fence.claim_lock:
+                valid = self.fence.valid()
+                if valid:
+                    # On the listening connection: the claim is one statement there
+                    # (dbos_internals).
+                    claimed = dbos_internals.claim_batch(self.queue, self.batch, self._listen())
+            if not valid:
+                # Resting (no lease, to write nothing while idle): heartbeat first, when
+                # there may be work, so the claimed runs start their steps at once.
+                # Presumed dead or about to be: claiming now would hand runs to a worker
+                # that may not run steps.
+                if self.fence.resting and not self._work_waiting():
+                    return True
+                if not self.fence.wait_valid(WAKE_WAIT_S):
+                    return False
+                continue
             if claimed.statuses:
                 self.fence.verified(claimed.owner)
                 dbos_internals.start_claimed(claimed)

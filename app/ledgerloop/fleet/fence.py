@@ -55,6 +55,15 @@ class Fence:
         self.generation = 0
         self._verified: set[str] = set()
         self._cond = threading.Condition()
+        #: Set by the heartbeat while its worker rests (it renews no lease): a step body,
+        #: claim or checkpoint that finds the lease run out asks for one (`want`).
+        self.resting = False
+        #: Something waits for a lease; the heartbeat's next statement is a heartbeat.
+        self.wanted = False
+        #: Called by `want` (the heartbeat wakes from its rest).
+        self.on_want: Callable[[], None] | None = None
+        #: Held by a claim from the queue, and by the heartbeat while it goes to rest.
+        self.claim_lock = threading.Lock()
 
     # -- written by the heartbeat thread --------------------------------------------------
 
@@ -65,6 +74,24 @@ class Fence:
         with self._cond:
             self._lease_until = max(self._lease_until, sent_at + lease)
             self._cond.notify_all()
+
+    def want(self) -> None:
+        """Ask the heartbeat for a lease now (it may be resting)."""
+        if not self.wanted:
+            self.wanted = True
+            if self.on_want is not None:
+                self.on_want()
+
+    def rest(self) -> None:
+        """The heartbeat rests: the lease ends now (call with `claim_lock` held)."""
+        with self._cond:
+            self._lease_until = float("-inf")
+            self.resting = True
+            self._cond.notify_all()
+
+    def want_served(self) -> None:
+        """A heartbeat landed and renewed the lease."""
+        self.wanted = False
 
     def suspend(self) -> None:
         """A heartbeat failed: no step body, claim or checkpoint until one lands again (the
@@ -127,6 +154,8 @@ class Fence:
 
     def wait_renewed(self, poll_s: float = 0.05) -> None:
         """Block until the lease is valid again; FenceClosed once the worker has stopped."""
+        if not self.valid():
+            self.want()
         with self._cond:
             while not self.valid():
                 if self._released:
@@ -137,6 +166,7 @@ class Fence:
         """Block until the lease holds, at most `timeout_s`; whether it does."""
         if self._clock() < self._lease_until:
             return True
+        self.want()
         deadline = self._clock() + timeout_s
         with self._cond:
             # The lease alone: a stopping worker (closed) still records the steps under way.
@@ -157,6 +187,8 @@ class Fence:
         return True
 
     async def wait_renewed_async(self, poll_s: float = 0.05) -> None:
+        if not self.valid():
+            self.want()
         while not self.valid():
             if self._released:
                 raise FenceClosed()

@@ -10,6 +10,13 @@ another step, and registers again.
 
 Postgres's clock judges staleness; a worker's clock only times its own lease.
 
+An idle worker rests: after `stale_after_s` with nothing to execute (holding its advisory
+lock on a session of its own) it writes `resting_since` once (`executor_rest`), then nothing;
+its lease is not renewed, and peers judge it by its session's lock alone. It watches its
+peers read-only (its streak never breaks; every heartbeat while a peer heartbeats, which
+notifies `ledgerloop_fleet`). A claim, step body or checkpoint asks the fence for a lease
+(`Fence.want`), which wakes the thread: its next statement is a heartbeat again.
+
 A database that went back in time: after a failover to a replica that lagged, the commits the
 old primary had not shipped are gone, and this worker may hold in memory executions whose
 last steps the database no longer has. A failed heartbeat suspends the fence (no step body,
@@ -32,19 +39,17 @@ check) marks its runs rewound.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import select
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
-from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -53,124 +58,37 @@ from ledgerloop.db import dbos_checkpoint, footprint, pooling
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
 from ledgerloop.fleet.fence import Fence
+from ledgerloop.fleet.timings import (
+    CLAIM_GRACE_MS,
+    DUE_MARGIN_S,
+    FENCED_WORKFLOWS,
+    FLEET_CHANNEL,
+    LOCK_NAMESPACE,
+    PUBLISH_EVERY_S,
+    REMEMBER_S,
+    REST_WATCH_SHARE,
+    SESSION_MARGIN_S,
+    FleetTimings,
+    Rewind,
+    Takeover,
+    software_version,
+)
 from ledgerloop.runs.store import run_executions_stopped
 
 log = logging.getLogger(__name__)
 
 Q = load_queries("ledgerloop.fleet")
 
-#: Namespace of the advisory locks heartbeat sessions hold ("LLFW"); the key is per worker.
-LOCK_NAMESPACE = 0x4C4C_4657
-
-#: How long past a worker's lease its peers wait before taking it over once its session is
-#: gone (see FleetTimings).
-SESSION_MARGIN_S = 0.1
-
-#: An early tick for a peer whose session is gone comes this long after its lease ran out.
-DUE_MARGIN_S = 0.02
-
-#: How long this worker remembers the last checkpoint of a workflow it executed. A failover
-#: loses only the replication lag of that moment (failover managers refuse to promote a
-#: replica lagging past a bound): anything older is on the new primary, so memory past any lag
-#: a failover may lose is never consulted. 10 minutes is far past such bounds, at one small
-#: entry per workflow checkpointed meanwhile (docs/operations.md, Failover).
-REMEMBER_S = 600.0
-
-#: A workflow claimed this recently may not be known to the fence yet (its execution is
-#: handed to the event loop after the claim commits: milliseconds, about a second on a
-#: 2-core machine loaded three times over): not judged idle, but judged again by a second
-#: check once this has passed. A late execution judged idle stops at its first ownership check
-#: and its run is claimed afresh; nothing is lost either way.
-CLAIM_GRACE_MS = 2000
-
-#: How often a worker publishes the workflows it executes (`ledgerloop runs stuck`).
-PUBLISH_EVERY_S = 2.0
-
-#: The workflows whose executions the fence knows (agent.loop, agent.episodes).
-FENCED_WORKFLOWS = ("ledgerloop_run", "ledgerloop_episode")
-
-
-@dataclass(frozen=True)
-class Rewind:
-    """What the rewind check found after a reconnection."""
-
-    #: Workflows whose last checkpoint by this worker the database no longer holds.
-    lost: list[str]
-    #: Workflows put back on the queue (lost, or PENDING here and not executed here).
-    moved: list[str]
-    #: The server's timeline before and after (None: unknown).
-    timeline_before: int | None
-    timeline_after: int | None
-
-
-def software_version() -> str:
-    try:
-        return package_version("ledgerloop")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-@dataclass(frozen=True)
-class FleetTimings:
-    """How often a worker heartbeats and when a silent one counts as dead.
-
-    lease_s: how long after sending a heartbeat an idle worker may start step bodies.
-    busy_heartbeat_s, busy_lease_s: the same while the worker executes runs. It heartbeats
-    twice as often and takes a shorter lease, so that when it dies its runs wait less for a
-    peer; an idle worker has nothing to hand over and keeps the database's load low.
-    Each heartbeat writes the lease it grants into the worker's row (`lease_until`, never
-    moved earlier), and peers judge by that row, whatever timings they run with.
-    session_dead_s: a worker whose heartbeat session is gone counts as dead this long after
-    an idle worker's heartbeat (its row's lease plus the margin, for a row written before
-    rows carried their lease). The lease counts from before the heartbeat's statement was
-    sent, its row holds the database's time when it ran, so the margin only has to cover how
-    far two clocks' rates can differ over a lease (parts per million) and the step from the
-    fence's check to the body's start.
-    gap_s: a heartbeat later than this after the previous one starts a new streak.
-    """
-
-    heartbeat_s: float = 0.5
-    stale_after_s: float = 5.0
-
-    @property
-    def lease_s(self) -> float:
-        return max(self.heartbeat_s * 2.5, self.stale_after_s / 4)
-
-    @property
-    def busy_heartbeat_s(self) -> float:
-        return self.heartbeat_s / 2
-
-    @property
-    def busy_lease_s(self) -> float:
-        # Two busy heartbeats may be late before steps pause (never a wrong takeover).
-        return self.busy_heartbeat_s * 3
-
-    @property
-    def session_dead_s(self) -> float:
-        return self.lease_s + SESSION_MARGIN_S
-
-    @property
-    def gap_s(self) -> float:
-        return self.stale_after_s / 2
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "stale_s": self.stale_after_s,
-            "lease_s": self.lease_s,
-            "margin_s": SESSION_MARGIN_S,
-            "gap_s": self.gap_s,
-            "lock_ns": LOCK_NAMESPACE,
-        }
-
-
-@dataclass(frozen=True)
-class Takeover:
-    """A dead peer this worker took over, and how many of its runs went back on the queue."""
-
-    executor_id: str
-    hostname: str
-    silent_s: float
-    runs: int
+# Defined in fleet.timings, imported from here by callers.
+__all__ = [
+    "LOCK_NAMESPACE",
+    "SESSION_MARGIN_S",
+    "FleetTimings",
+    "Heartbeat",
+    "Rewind",
+    "Takeover",
+    "software_version",
+]
 
 
 class Heartbeat:
@@ -217,6 +135,29 @@ class Heartbeat:
         self.on_reconnect: Callable[[], None] | None = None
         #: When the follow-up of the last rewind check is due (see `_tick`).
         self._recheck_at: float | None = None
+        # -- rest (see `may_rest`) --
+        #: The row says this worker rests: it writes nothing, its lease is not renewed.
+        self.resting = False
+        #: The database's time of this worker's last statement that landed, and the start of
+        #: its streak (executor_heartbeat).
+        self._seen_at: datetime | None = None
+        self._streak_since: datetime | None = None
+        #: When this worker last had executions (this clock), and whether the next heartbeat
+        #: tells resting peers it heartbeats.
+        self._busy_at = self._clock()
+        self._wake_peers = True
+        #: Peers that heartbeat (may hold runs), at the last statement.
+        self.beating = 1
+        #: Until then (this clock), a resting worker watches every heartbeat: a peer woke.
+        self._alert_until = 0.0
+        self._watched_at = float("-inf")
+        self._published: list[str] | None = None
+        self._published_at = float("-inf")
+        # A byte here wakes the thread from its rest: the fence wants a lease, or a stop.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        fence.on_want = self._poke
 
     # -- connection ----------------------------------------------------------------------
 
@@ -252,6 +193,8 @@ class Heartbeat:
             # no free lock.
             row = conn.execute("SELECT now() AS since").fetchone()
             self._session_since = row["since"] if row else None
+            # A resting worker hears here when a peer starts heartbeating.
+            conn.execute(f"LISTEN {FLEET_CHANNEL}")
         self._conn, self._locked = conn, False
         return conn
 
@@ -330,10 +273,15 @@ class Heartbeat:
                 },
             )
         self.fence.renew(sent, self.timings.lease_s)
+        self.resting = self.fence.resting = False
+        self._busy_at = self._clock()
+        self._wake_peers = True
+        self._published = None
 
     def unregister(self) -> int:
         """A clean stop: hand this worker's runs back to the queue, remove its row."""
         self._stop.set()
+        self._poke()
         if self._thread.is_alive():
             self._thread.join(timeout=self.timings.stale_after_s)
         conn = self._connection()
@@ -352,6 +300,7 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        self._poke()
         if self._thread.is_alive():
             self._thread.join(timeout=self.timings.stale_after_s)
         self._drop_connection()
@@ -360,6 +309,10 @@ class Heartbeat:
         next_at = self._clock()
         while not self._stop.is_set():
             self.tick()
+            if self.resting:
+                self._rest()
+                next_at = self._clock()
+                continue
             # Counted from the tick's answer, so never before the database's moment.
             due_at = None if self._due_s is None else self._clock() + self._due_s
             if due_at is not None and due_at < next_at + self.interval_s():
@@ -374,9 +327,62 @@ class Heartbeat:
                 next_at = now
             self._stop.wait(next_at - now)
 
+    # -- rest ------------------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        """Wake the thread from its rest (the fence wants a lease, or the worker stops)."""
+        # A byte may be waiting already (the pipe is full): one is enough.
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"\0")
+
+    def may_rest(self) -> bool:
+        """Whether this worker may stop heartbeating: nothing executed or wanted a lease for
+        `stale_after_s`, and it holds its lock on a session of its own (not via a pooler)."""
+        return (
+            self.session_url is not None
+            and self._locked
+            and not self.busy()
+            and not self.fence.wanted
+            and not self._check_rewind
+            and self._unreachable_since is None
+            and self._clock() - self._busy_at >= self.timings.stale_after_s
+        )
+
+    def _should_watch_s(self) -> float:
+        """How long a resting worker may wait before it looks at its peers again."""
+        if self._due_s is not None:
+            return self._due_s
+        if self.beating or self._clock() < self._alert_until:
+            return self.timings.heartbeat_s
+        return self.timings.gap_s * REST_WATCH_SHARE
+
+    def _rest(self) -> None:
+        """Wait until a watch is due, a peer starts heartbeating (notified), the fence wants
+        a lease, the worker stops, or the server closes the connection."""
+        conn = self._conn
+        deadline = self._clock() + self._should_watch_s()
+        while not self._stop.is_set() and not self.fence.wanted and not self.busy():
+            if conn is None or conn.closed:
+                return
+            try:
+                if list(conn.notifies(timeout=0)):  # a peer started heartbeating
+                    self._alert_until = self._clock() + self.timings.stale_after_s
+                    return
+            except psycopg.Error:
+                return
+            left = deadline - self._clock()
+            if left <= 0:
+                return
+            try:
+                ready, _, _ = select.select([conn.fileno(), self._wake_r], [], [], min(left, 1.0))
+            except (OSError, ValueError, psycopg.Error):
+                return
+            if self._wake_r in ready:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 64)
+
     def busy(self) -> bool:
-        """Whether this worker executes runs (read from the heartbeat thread: a length)."""
-        return bool(self.fence.executions)
+        return bool(self.fence.executions)  # whether it executes runs (a length: no lock)
 
     def interval_s(self) -> float:
         return self.timings.busy_heartbeat_s if self.busy() else self.timings.heartbeat_s
@@ -388,6 +394,7 @@ class Heartbeat:
             takeovers = self._tick()
         except psycopg.Error as exc:
             self._drop_connection()
+            self.resting = self.fence.resting = False
             # The server this worker's lease came from may be gone, and the one that follows
             # may not hold what this worker recorded: nothing runs until the check.
             self.fence.suspend()
@@ -417,8 +424,14 @@ class Heartbeat:
             self.rewind_check(conn)
             self._reconnected()
         self._take_lock(conn)
+        if not self._locked or self.busy() or self.fence.wanted:
+            self.resting = self.fence.resting = False
+        if self.busy() or self.fence.wanted:
+            self._busy_at = self._clock()
+        watch = self.resting
         self._ticks += 1
         lease_s = self.timings.busy_lease_s if self.busy() else self.timings.lease_s
+        wanted = self.fence.wanted
         sent = self._clock()
         with self._bounded(conn):
             rows = conn.execute(
@@ -428,6 +441,10 @@ class Heartbeat:
                     "session_since": self._session_since,
                     "my_lease_s": lease_s,
                     "timeline": self._timeline,
+                    "watch": watch,
+                    "wake": self._wake_peers and not watch,
+                    "seen_at": self._seen_at,
+                    "streak_since": self._streak_since,
                     **self.timings.params(),
                 },
             ).fetchall()
@@ -439,14 +456,20 @@ class Heartbeat:
                 "marked rewound: their writes are found again by their key before any send",
                 mine["rewound"],
             )
+        self.beating = int(mine["beating"])
+        self._seen_at, self._streak_since = mine["db_now"], mine["streak_since"]
+        if watch:
+            self._watched_at = self._clock()
         due = mine["due_s"]
-        # A little past the moment, so the database's clock is past it too; never a busy loop
-        # (a peer being taken over by another survivor right now stays due for a moment).
+        # A little past the moment (the database's clock too); never a busy loop.
         self._due_s = None if due is None else max(float(due), 0.0) + DUE_MARGIN_S
-        if mine["alive"]:
-            self.fence.renew(sent, lease_s)
-        else:
+        if not mine["alive"]:
             self._taken_over(conn)
+        elif not watch:
+            self._wake_peers = False
+            self.fence.renew(sent, lease_s)
+            if wanted:
+                self.fence.want_served()
         takeovers = [
             Takeover(r["id"], r["hostname"], float(r["silent_s"]), int(r["runs"])) for r in others
         ]
@@ -460,14 +483,11 @@ class Heartbeat:
             )
             if self.on_takeover:
                 self.on_takeover(takeover)
-        # What this worker executes, for `ledgerloop runs stuck`: every PUBLISH_EVERY_S.
-        if self._ticks % max(1, int(PUBLISH_EVERY_S / self.timings.heartbeat_s)) == 0:
-            with self._bounded(conn):
-                conn.execute(
-                    Q["executor_executing"],
-                    {"id": self.executor_id, "running": list(self.fence.running)},
-                )
-        # Orphans (PENDING under a worker with no row) are rare; look every 30 s.
+        if not self.resting:
+            self._publish(conn)
+            list(conn.notifies(timeout=0))  # heard while awake: nothing to do, let go
+        # Orphans (PENDING under a worker with no row) are rare; look every 30 s of
+        # heartbeats (less often at rest, when ticks are watches far apart).
         if self._ticks % max(1, int(30 / self.timings.heartbeat_s)) == 0:
             with self._bounded(conn):
                 swept = conn.execute(
@@ -480,12 +500,36 @@ class Heartbeat:
                     len(swept),
                     ", ".join(sorted({r["executor_id"] for r in swept})),
                 )
+        if mine["alive"] and not self.resting and self.may_rest():
+            self._rest_now(conn)
         return takeovers
 
     @property
     def timeline(self) -> int | None:
         """The server's timeline as of the last check (None: unknown)."""
         return self._timeline
+
+    def _rest_now(self, conn: Conn) -> None:
+        # No claim commits meanwhile (the dispatcher claims under this lock).
+        with self.fence.claim_lock:
+            row = conn.execute(Q["executor_rest"], {"id": self.executor_id}).fetchone()
+            if row is None:  # something is PENDING here (or the row is gone): not now
+                self._busy_at = self._clock()
+                return
+            self.fence.rest()
+        self._seen_at = row["db_now"]
+        self.resting = True
+        self._published, self._published_at = [], self._clock()
+
+    def _publish(self, conn: Conn) -> None:
+        """What it executes (`runs stuck`): on a change, and every PUBLISH_EVERY_S if any."""
+        running = sorted(self.fence.running)
+        recent = self._clock() - self._published_at < PUBLISH_EVERY_S
+        if running == self._published and (not running or recent):
+            return
+        with self._bounded(conn):
+            conn.execute(Q["executor_executing"], {"id": self.executor_id, "running": running})
+        self._published, self._published_at = running, self._clock()
 
     def observe(self, conn: Conn) -> None:
         """A new connection of this worker's pools: when it reaches another timeline than the
@@ -595,6 +639,7 @@ class Heartbeat:
         # stale_after_s) and put our runs back on the queue. Revoke first, so no execution
         # of a lost run starts a step, then come back as a live worker.
         self.fence.revoke()
+        self.resting = self.fence.resting = False
         log.warning(
             "this worker %s was taken over by a peer after a silence; its runs went back "
             "on the queue, registering again",

@@ -24,28 +24,38 @@ WHERE executor_id = (SELECT id FROM registered) AND status = 'PENDING'
 -- One statement, one short transaction: this worker's heartbeat, then (when this worker
 -- may judge) the takeover of every dead peer. Returns one row per executor taken over,
 -- plus this worker's own row first (alive = false when a peer has taken it over; due_s:
--- see `due` below).
+-- see `due` below; db_now: the database's time, which the worker keeps as %(seen_at)s).
 --
--- A streak: a heartbeat that lands more than %(gap_s)s after the previous one starts a new
--- streak. Only a worker whose streak is at least %(stale_s)s old judges others, so after an
--- outage, a freeze or a restart a worker first watches its peers come back before it
--- judges them.
+-- %(watch)s: a resting worker's look at its peers. Its own row is read, not written, and
+-- when nobody is dead the statement writes nothing (no WAL, no commit record).
+--
+-- A streak: a statement of this worker that lands more than %(gap_s)s after its previous
+-- one (its row's heartbeat, or %(seen_at)s: the database's time its last statement returned,
+-- a watch's included) starts a new streak; otherwise the streak goes on (from its row's
+-- start, or the later %(streak_since)s a watch began). Only a worker whose streak is at least
+-- %(stale_s)s old judges others, so after an outage, a freeze or a restart a worker first
+-- watches its peers come back before it judges them. (A resting worker keeps its streak
+-- with watches less than %(gap_s)s apart.)
 --
 -- Each heartbeat records the lease it grants its worker (%(my_lease_s)s from now: shorter
 -- while the worker executes runs) in lease_until, which never moves earlier: the worker's
--- fence may still hold an earlier, longer lease.
+-- fence may still hold an earlier, longer lease. A heartbeat ends a rest (resting_since).
 --
--- Dead: no heartbeat for %(stale_s)s; or its lease run out %(margin_s)s ago (a row without
--- lease_until, written by an older release: %(lease_s)s after its heartbeat) and its heartbeat
--- session gone (its advisory lock is free: the process was killed or lost its connection).
+-- Dead: no heartbeat for %(stale_s)s, unless it rests and its heartbeat session still holds
+-- its advisory lock (a resting worker writes nothing; its session is its heartbeat), or it
+-- rests and this server (or this worker's session: a failover) has been up for less than
+-- %(stale_s)s (a restart frees every lock: it gets that long to take its lock again); or its
+-- lease run out %(margin_s)s ago (a row without lease_until, written by an older release:
+-- %(lease_s)s after its heartbeat) and its heartbeat session gone (its advisory lock is
+-- free: the process was killed or lost its connection).
 -- A free lock counts only for a peer whose last heartbeat came after this worker's own
 -- heartbeat session began (%(session_since)s, the database's time): that session outlived
 -- it, so the server did not restart or fail over since, and the lock the peer held then on
 -- this server is free because its session ended. After a restart every lock is free and
 -- proves nothing; such a peer is dead only once it has been silent for %(stale_s)s.
 -- A worker behind a transaction-mode pooler without a direct connection holds no lock
--- (lock_key 0) and passes no session_since (NULL): no free lock is evidence then, in
--- either direction, and only %(stale_s)s of silence counts.
+-- (lock_key 0), never rests, and passes no session_since (NULL): no free lock is evidence
+-- then, in either direction, and only %(stale_s)s of silence counts.
 -- Either way the worker's own lease, counted from its last heartbeat, has run out, so it
 -- starts no step body any more (ledgerloop.fleet.fence).
 --
@@ -55,28 +65,54 @@ WHERE executor_id = (SELECT id FROM registered) AND status = 'PENDING'
 -- makes it skipped): the takeover is conditional on the row still being stale. Nothing here
 -- waits for a lock, so a heartbeat never stalls behind a takeover.
 --
+-- %(wake)s: this heartbeat ends a rest (or is the first after registering): resting peers
+-- are told on `ledgerloop_fleet`, so they watch this worker while it may hold runs.
+--
 -- This writes dbos.workflow_status directly: DBOS's public resume_workflow works one
 -- workflow at a time, in its own transaction, and moves workflows to its internal queue;
 -- nothing public re-enqueues a set of workflows atomically with our own row.
-WITH me AS (
+WITH mine AS (
+  SELECT heartbeat_at, streak_started_at FROM ledgerloop.executor WHERE id = %(id)s
+),
+streak AS (
+  SELECT CASE WHEN greatest(m.heartbeat_at, %(seen_at)s::timestamptz)
+                   < now() - make_interval(secs => %(gap_s)s)
+              THEN now()
+              ELSE greatest(m.streak_started_at, %(streak_since)s::timestamptz) END AS since
+  FROM mine m
+),
+beat AS (
   UPDATE ledgerloop.executor
   SET heartbeat_at = now(),
       timeline = coalesce(%(timeline)s::int, timeline),
       lease_until = greatest(lease_until, now() + make_interval(secs => %(my_lease_s)s)),
-      streak_started_at = CASE
-        WHEN heartbeat_at < now() - make_interval(secs => %(gap_s)s) THEN now()
-        ELSE streak_started_at END
-  WHERE id = %(id)s
-  RETURNING streak_started_at <= now() - make_interval(secs => %(stale_s)s) AS judge
+      resting_since = NULL,
+      streak_started_at = (SELECT since FROM streak)
+  WHERE id = %(id)s AND NOT %(watch)s
+  RETURNING id
+),
+me AS (
+  SELECT id FROM beat
+  UNION ALL
+  SELECT %(id)s FROM mine WHERE %(watch)s
+),
+judge AS (
+  SELECT coalesce(bool_and(since <= now() - make_interval(secs => %(stale_s)s)), false)
+         AND EXISTS (SELECT 1 FROM me) AS ok
+  FROM streak
 ),
 dead AS (
   DELETE FROM ledgerloop.executor
   WHERE id IN (
     SELECT e.id FROM ledgerloop.executor e
     WHERE e.id <> %(id)s
-      AND (SELECT judge FROM me)
+      AND (SELECT ok FROM judge)
       AND (
-        e.heartbeat_at < now() - make_interval(secs => %(stale_s)s)
+        (e.heartbeat_at < now() - make_interval(secs => %(stale_s)s)
+         AND (e.resting_since IS NULL OR e.lock_key = 0
+              OR (greatest(pg_postmaster_start_time(), %(session_since)s)
+                    < now() - make_interval(secs => %(stale_s)s)
+                  AND pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key))))
         OR (coalesce(e.lease_until, e.heartbeat_at + make_interval(secs => %(lease_s)s))
               < now() - make_interval(secs => %(margin_s)s)
             AND e.heartbeat_at > %(session_since)s
@@ -131,28 +167,54 @@ due AS (
        LATERAL (SELECT coalesce(e.lease_until, e.heartbeat_at + make_interval(secs => %(lease_s)s))
                        + make_interval(secs => %(margin_s)s) AS deadline) l
   WHERE e.id <> %(id)s
-    AND (SELECT judge FROM me)
+    AND (SELECT ok FROM judge)
     AND e.id NOT IN (SELECT id FROM dead)
     AND l.deadline >= now()
     AND e.heartbeat_at > %(session_since)s
     AND e.lock_key <> 0
     AND pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key)
 ),
--- Peers that heartbeat within the staleness limit: whether a burst has anyone to share it
--- with (ledgerloop.fleet.dispatch). A handful of rows; no lock.
-peers AS (
-  SELECT count(*) AS n FROM ledgerloop.executor e
+-- Live peers: heartbeating within the staleness limit, or resting with their session held.
+-- Whether a burst has anyone to share it with (ledgerloop.fleet.dispatch), and how many of
+-- them heartbeat (may hold runs: a resting worker watches its peers while any does).
+-- A handful of rows.
+live AS (
+  SELECT e.resting_since IS NULL AS beating FROM ledgerloop.executor e
   WHERE e.id <> %(id)s AND e.id NOT IN (SELECT id FROM dead)
-    AND e.heartbeat_at >= now() - make_interval(secs => %(stale_s)s)
+    AND ((e.resting_since IS NULL
+          AND e.heartbeat_at >= now() - make_interval(secs => %(stale_s)s))
+         OR (e.resting_since IS NOT NULL
+             AND NOT pg_try_advisory_xact_lock(%(lock_ns)s, e.lock_key)))
+),
+told AS (
+  SELECT pg_notify('ledgerloop_fleet', %(id)s) WHERE %(wake)s AND EXISTS (SELECT 1 FROM beat)
 )
 SELECT %(id)s AS id, EXISTS (SELECT 1 FROM me) AS alive, NULL::text AS hostname,
        NULL::float8 AS silent_s, 0::bigint AS runs, (SELECT due_s FROM due) AS due_s,
-       (SELECT n FROM peers) AS peers, 0 AS ord, (SELECT count(*) FROM rewound) AS rewound
+       (SELECT count(*) FROM live) AS peers,
+       (SELECT count(*) FROM live WHERE beating) AS beating,
+       now() AS db_now, (SELECT since FROM streak) AS streak_since,
+       (SELECT count(*) FROM told) AS told, 0 AS ord, (SELECT count(*) FROM rewound) AS rewound
 UNION ALL
 SELECT d.id, false, d.hostname, d.silent_s,
-       (SELECT count(*) FROM moved m WHERE m.executor_id = d.id), NULL, NULL, 1, NULL
+       (SELECT count(*) FROM moved m WHERE m.executor_id = d.id), NULL, NULL, NULL, NULL,
+       NULL, NULL, 1, NULL
 FROM dead d
 ORDER BY ord
+
+-- name: executor_rest
+-- This worker has had nothing to execute for a while: it stops heartbeating. Its row says
+-- so (peers then judge it by its heartbeat session's advisory lock alone, executor_heartbeat)
+-- and publishes that it executes nothing. Its lease is not renewed: any step body, claim or
+-- checkpoint first heartbeats again.
+-- Not while any workflow is PENDING under it (claimed, not yet executing: the claim and this
+-- statement are serialized in the worker): a resting row holds no runs.
+UPDATE ledgerloop.executor
+SET resting_since = now(), heartbeat_at = now(), executing = '{}', executing_at = now()
+WHERE id = %(id)s
+  AND NOT EXISTS (SELECT 1 FROM dbos.workflow_status w
+                  WHERE w.executor_id = %(id)s AND w.status = 'PENDING')
+RETURNING now() AS db_now
 
 -- name: executor_sweep_orphans
 -- PENDING workflows whose executor has no row: a worker that was taken over and died
@@ -211,11 +273,19 @@ FROM dbos.workflow_status
 WHERE workflow_uuid = %(workflow_id)s
 
 -- name: workers_list
+-- resting: the worker rests (fleet/heartbeat.py) and its heartbeat session still holds its
+-- advisory lock (namespace LOCK_NAMESPACE, "LLFW"), so it is alive however old its heartbeat.
 SELECT e.id, e.hostname, e.pid, e.application_version, e.software_version, e.started_at,
        extract(epoch FROM now() - e.heartbeat_at)::float8 AS heartbeat_age_s,
+       (e.resting_since IS NOT NULL AND EXISTS (
+          SELECT 1 FROM pg_locks l
+          WHERE l.locktype = 'advisory' AND l.granted AND l.database = d.oid
+            AND l.classid = x'4C4C4657'::int::oid AND l.objid = e.lock_key::oid
+            AND l.objsubid = 2)) AS resting,
        (SELECT count(*) FROM dbos.workflow_status w
         WHERE w.executor_id = e.id AND w.status = 'PENDING') AS runs_executing
 FROM ledgerloop.executor e
+JOIN pg_database d ON d.datname = current_database()
 ORDER BY e.started_at, e.id
 
 -- name: runs_stuck
@@ -264,7 +334,8 @@ WHERE w.workflow_uuid IS NULL
        AND NOT EXISTS (
          SELECT 1 FROM ledgerloop.executor l
          WHERE l.application_version = w.application_version
-           AND l.heartbeat_at >= now() - make_interval(secs => %(stale_s)s)))
+           AND (l.heartbeat_at >= now() - make_interval(secs => %(stale_s)s)
+                OR l.resting_since IS NOT NULL)))
 UNION ALL
 -- A second workflow of a run, under another id: it ran nothing and ended in ERROR
 -- (agent/loop.py, ForeignWorkflow); the run is found by the id its input names. Through the
@@ -342,6 +413,13 @@ SELECT c.workflow_uuid, c.status, c.name, c.recovery_attempts, c.config_name, c.
 FROM claimed c
 LEFT JOIN dbos.workflow_input i ON i.workflow_uuid = c.workflow_uuid
 ORDER BY c.priority, c.created_at
+
+-- name: queue_waiting
+-- Whether a queue holds a run to claim: a resting worker asks before it heartbeats again to
+-- claim (fleet/dispatch.py), so its fallback poll is a read.
+SELECT EXISTS (
+  SELECT 1 FROM dbos.workflow_status WHERE queue_name = %(queue)s AND status = 'ENQUEUED'
+) AS waiting
 
 -- name: executor_timeline
 -- The server's timeline (a promotion starts a new one): the first 8 hex digits of the name

@@ -22,9 +22,11 @@ class Worker:
     started_at: datetime
     heartbeat_age_s: float
     runs_executing: int
+    #: It rests (writes no heartbeat while idle) and its heartbeat session is held.
+    resting: bool = False
 
     def alive(self, stale_after_s: float) -> bool:
-        return self.heartbeat_age_s < stale_after_s
+        return self.resting or self.heartbeat_age_s < stale_after_s
 
 
 @dataclass(frozen=True)
