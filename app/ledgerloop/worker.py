@@ -44,7 +44,7 @@ from ledgerloop.db.footprint import (
 )
 from ledgerloop.db.migrate import ensure_current
 from ledgerloop.db.url import validate_url
-from ledgerloop.effects.relay import guard_deliveries
+from ledgerloop.effects.delivery_guard import guard_deliveries
 from ledgerloop.errors import ConfigError, LedgerloopError
 from ledgerloop.fleet import dbos_internals
 from ledgerloop.fleet.dispatch import Dispatcher
@@ -426,7 +426,7 @@ def _async_watch(
 def _delivery_guard(
     heartbeat: Heartbeat, fence: Fence, wait_s: float
 ) -> Callable[[int | None], Awaitable[bool]]:
-    """Before a send (effects.relay.guard_deliveries): not while a failover's rewind check
+    """Before a send (effects.delivery_guard.guard_deliveries): not while a failover's rewind check
     is pending, not from a claim made on another timeline than the database's now, not for
     an execution whose run that check sent back to the journal."""
 

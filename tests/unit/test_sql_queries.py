@@ -45,7 +45,7 @@ def test_a_query_keeps_its_code_and_first_line_and_drops_comment_lines() -> None
         assert set(loaded) == set(written), (package, filename)
         for name, lines in written.items():
             text = "\n".join(lines).strip().split("\n")
-            code = [line for line in text[1:] if not line.lstrip().startswith("--")]
+            code = [line.strip() for line in text[1:] if not line.lstrip().startswith("--")]
             assert loaded[name].split("\n") == [text[0], *code], (filename, name)
             checked += 1
     assert checked >= 50, checked

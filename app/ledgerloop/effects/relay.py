@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 
 import psycopg
@@ -37,6 +37,7 @@ from ledgerloop.db.errors import DatabaseUnreachable
 from ledgerloop.db.pooling import session_url
 from ledgerloop.effects.attempts import RelayConfig, backoff_s, decide, failure, http_client
 from ledgerloop.effects.delivery import Requester, Verdict, delivery_url, send
+from ledgerloop.effects.delivery_guard import NotSent, check_send
 from ledgerloop.effects.errors import InvalidDeliveryRequest
 from ledgerloop.effects.ledger import COMPENSATION_SUFFIX
 from ledgerloop.effects.messages import DeliveryRequest, OutboxStatus
@@ -66,26 +67,6 @@ log = logging.getLogger(__name__)
 
 #: After a claim that left due rows behind (another relay holds their locks), look again soon.
 CONTENDED_WAIT_S = 0.05
-
-#: Asked before each send (inside a worker: its fence; see `guard_deliveries`).
-DeliveryGuard = Callable[[int | None], Awaitable[bool]]
-_guard: DeliveryGuard | None = None
-
-
-def guard_deliveries(guard: DeliveryGuard | None) -> None:
-    """Await `guard(timeline)` before each call this process's relays send (None: none).
-    `timeline`: the server's timeline the claim's connection was on (None: unknown, or the
-    act step's own record). False: not sent; the effect stays `started` and settles after
-    its lease like any lost attempt (found again by its key). Inside a worker the guard
-    waits while a failover's rewind check is pending, then refuses a claim made on another
-    timeline than the database's now (a claim the database may have lost) and a send of an
-    execution whose run the check sent back to the journal."""
-    global _guard
-    _guard = guard
-
-
-class NotSent(Exception):
-    """The delivery guard refused a send."""
 
 
 async def _wait_any(timeout: float | None, *events: asyncio.Event) -> None:
@@ -465,14 +446,7 @@ class Relay:
         self._outcomes.put_nowait(outcome)
 
     async def _attempt(self, claimed: Claimed, timeline: int | None = None) -> Outcome:
-        guard = _guard
-        if guard is not None and not await guard(timeline):
-            log.warning(
-                "relay did not send %s: its claim was made before a failover the worker is "
-                "following; it settles after its lease, found again by its key",
-                claimed.key,
-            )
-            raise NotSent(claimed.key)
+        await check_send(claimed.key, timeline)
         try:
             request = DeliveryRequest.from_json(claimed.request)
         except InvalidDeliveryRequest as exc:

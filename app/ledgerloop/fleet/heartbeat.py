@@ -54,18 +54,17 @@ from datetime import datetime
 import psycopg
 from psycopg.rows import dict_row
 
-from ledgerloop.db import dbos_checkpoint, footprint, pooling
+from ledgerloop.db import footprint, pooling
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
 from ledgerloop.fleet.fence import Fence
+from ledgerloop.fleet.rewind import follow_rewind
 from ledgerloop.fleet.timings import (
     CLAIM_GRACE_MS,
     DUE_MARGIN_S,
-    FENCED_WORKFLOWS,
     FLEET_CHANNEL,
     LOCK_NAMESPACE,
     PUBLISH_EVERY_S,
-    REMEMBER_S,
     REST_WATCH_SHARE,
     SESSION_MARGIN_S,
     FleetTimings,
@@ -567,64 +566,14 @@ class Heartbeat:
     def rewind_check(self, conn: Conn) -> Rewind:
         """Did the database go back in time under this worker? Puts back on the queue what it
         lost (see the module's docstring) and revokes the fence when the server changed or
-        anything was lost."""
+        anything was lost (fleet/rewind.py)."""
         before = self._timeline
         after = self._read_timeline(conn)
         self._timeline = after if after is not None else before
-        held = dbos_checkpoint.written(REMEMBER_S)
-        effects = dbos_checkpoint.effects_written(REMEMBER_S)
-        running = list(self.fence.running)
         with self._bounded(conn):
-            row = conn.execute(
-                Q["executor_rewound"],
-                {
-                    "id": self.executor_id,
-                    "workflow_ids": list(held),
-                    "function_ids": list(held.values()),
-                    "effect_keys": list(effects),
-                    "effect_workflows": list(effects.values()),
-                    "running": running,
-                    "names": list(FENCED_WORKFLOWS),
-                    "grace_ms": CLAIM_GRACE_MS,
-                    "timeline": after,
-                },
-            ).fetchone()
-        lost = list(row["lost"]) if row else []
-        moved = list(row["moved"]) if row else []
-        rewind = Rewind(lost, moved, before, after)
-        changed = before is not None and after is not None and before != after
-        if lost or moved or changed:
-            # Every execution here checks its ownership before its next step: those put
-            # back, and those whose claim the database lost, stop there.
-            back = set(lost) | set(moved)
-            self.fence.stale.update(o for w, o in list(self.fence.owners.items()) if w in back)
-            self.fence.revoke()
-            dbos_checkpoint.forget(lost)
-        if lost or moved:
-            executing = sum(1 for w in set(lost) | set(moved) if w in self.fence.running)
-            if lost:
-                log.warning(
-                    "the database went back in time (timeline %s -> %s): %d workflows lost "
-                    "their last recorded step; %d went back on the queue (%d executing here "
-                    "stop at their next step) to resume from the journal the database holds",
-                    before,
-                    after,
-                    len(lost),
-                    len(moved),
-                    executing,
-                )
-            else:
-                log.warning(
-                    "%d workflows were PENDING under this worker, which no longer executes "
-                    "them (their end was lost?); they went back on the queue",
-                    len(moved),
-                )
-            if self.on_rewind:
-                self.on_rewind(rewind)
-        elif changed:
-            log.info(
-                "the server's timeline moved %s -> %s; nothing recorded was lost", before, after
-            )
+            rewind = follow_rewind(conn, self.executor_id, self.fence, before, after)
+        if (rewind.lost or rewind.moved) and self.on_rewind:
+            self.on_rewind(rewind)
         return rewind
 
     def _reconnected(self) -> None:

@@ -21,6 +21,7 @@ SET updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
 WHERE executor_id = (SELECT id FROM registered) AND status = 'PENDING'
 
 -- name: executor_heartbeat
+-- The heartbeat, and the takeover of dead peers.
 -- One statement, one short transaction: this worker's heartbeat, then (when this worker
 -- may judge) the takeover of every dead peer. Returns one row per executor taken over,
 -- plus this worker's own row first (alive = false when a peer has taken it over; due_s:
@@ -153,7 +154,7 @@ rewound AS (
   FROM moved m JOIN dead d ON d.id = m.executor_id
   WHERE d.timeline IS NOT NULL AND %(timeline)s::int IS NOT NULL
     AND d.timeline <> %(timeline)s::int
-    AND m.workflow_uuid ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+    AND m.workflow_uuid ~ '^[0-9a-f-]{36}$'
   ON CONFLICT (run_id) DO NOTHING
   RETURNING run_id
 ),
