@@ -1,7 +1,8 @@
 """A scripted Anthropic Messages API server for the agent loop, the demo and the tests.
 
-It speaks enough of ``POST /v1/messages`` (non-streaming) for the real ``anthropic`` SDK to parse
-its replies, answers from a YAML script (see ``ledgerloop.models.script``) and records every
+It speaks enough of ``POST /v1/messages`` for the real ``anthropic`` SDK to parse its replies,
+plain or streamed (``"stream": true``: the Server-Sent Events the real API sends, message_start
+to message_stop, text split into word deltas, chunked transfer encoding), answers from a YAML script (see ``ledgerloop.models.script``) and records every
 request. ``GET /_requests`` returns the record; ``POST /_reset`` clears it and the error-attempt
 counters.
 """
@@ -13,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import signal
 import socket
 import sys
@@ -50,6 +52,10 @@ class _Answer:
     body: JSON | list[JSON]
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    #: Sent as Server-Sent Events (a 200 to a request with `"stream": true`).
+    stream: bool = False
+    #: A streamed answer's pause before each text delta after the first.
+    delta_delay_s: float = 0.0
 
 
 def _error(
@@ -87,8 +93,8 @@ def _invalid_reason(request: object) -> str | None:
     max_tokens = request.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
         return "max_tokens: field required (an integer)"
-    if request.get("stream"):
-        return "stream: the scripted model server only answers non-streaming requests"
+    if not isinstance(request.get("stream", False), bool):
+        return "stream: must be a boolean"
     return None
 
 
@@ -192,7 +198,13 @@ class _Responder:
             reply = reply.then
         body = _message(reply, model, key, turn, size)
         outcome = "empty" if reply.empty else "message"
-        return _Answer(200, body, delay_s=reply.delay_ms / 1000), outcome
+        return _Answer(
+            200,
+            body,
+            delay_s=reply.delay_ms / 1000,
+            stream=bool(request.get("stream")),
+            delta_delay_s=reply.delta_delay_ms / 1000,
+        ), outcome
 
 
 def _message(reply: Reply, model: str, key: str, turn: int, request_size: int) -> JSON:
@@ -224,6 +236,47 @@ def _message(reply: Reply, model: str, key: str, turn: int, request_size: int) -
             "cache_read_input_tokens": 0,
         },
     }
+
+
+def _text_pieces(text: str) -> list[str]:
+    """A text as the deltas a streamed answer sends: a word and the space after it each."""
+    return re.findall(r"\s*\S+\s*", text) or [text]
+
+
+def stream_events(message: JSON) -> list[tuple[str, JSON]]:
+    """A whole message as the streamed Messages API sends it: message_start (no content, the
+    input usage), per block a content_block_start, its deltas and a content_block_stop, then
+    message_delta (stop reason, output usage) and message_stop."""
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+    start["usage"] = {**message["usage"], "output_tokens": 1}
+    events: list[tuple[str, JSON]] = [("message_start", {"type": "message_start", "message": start})]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            opened: JSON = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": t} for t in _text_pieces(block["text"])]
+        else:
+            opened = {**block, "input": {}}
+            deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
+        events.append(
+            ("content_block_start", {"type": "content_block_start", "index": index, "content_block": opened})
+        )
+        events += [
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+            for d in deltas
+        ]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": message["usage"]["output_tokens"]},
+            },
+        )
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -286,7 +339,10 @@ class _Handler(BaseHTTPRequestHandler):
             if answer.delay_s and self.server.stopping.wait(answer.delay_s):
                 self.close_connection = True  # shutting down: drop the slow reply
                 return
-            self._send(answer)
+            if answer.stream and answer.status == 200:
+                self._send_stream(answer)
+            else:
+                self._send(answer)
         elif path == "/_reset":
             self.server.responder.reset()
             self._send(_Answer(200, {"reset": True}))
@@ -305,6 +361,31 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             # The client gave up (a timeout, usually); the request is already recorded.
+            self.close_connection = True
+
+    def _send_stream(self, answer: _Answer) -> None:
+        """The answer as Server-Sent Events, one chunk (of chunked encoding) per event, each
+        written as soon as it is made: a client sees the first delta before the last."""
+        assert isinstance(answer.body, dict)
+        try:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("cache-control", "no-cache")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            text_deltas = 0
+            for name, data in stream_events(answer.body):
+                if data.get("delta", {}).get("type") == "text_delta":
+                    text_deltas += 1
+                    if text_deltas > 1 and answer.delta_delay_s:
+                        if self.server.stopping.wait(answer.delta_delay_s):
+                            self.close_connection = True
+                            return
+                frame = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
