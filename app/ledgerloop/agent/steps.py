@@ -21,6 +21,7 @@ from ledgerloop.agent.definition import Agent, get_agent
 from ledgerloop.agent.keep import keep
 from ledgerloop.agent.memory import messages_load
 from ledgerloop.agent.stepping import db_call, pooled_autocommit
+from ledgerloop.agent.text_stream import call_text
 from ledgerloop.db.connect import Conn
 from ledgerloop.faults import hit
 from ledgerloop.models.client import Tier
@@ -317,7 +318,7 @@ async def _ask(
     ) as recorder:
         # Kept for a retry of this step (agent.keep): the save after it failing on a
         # transient database error repeats the save, not the call.
-        answer = await keep("model", lambda: _call_model(rt, request))
+        answer = await keep("model", lambda: _call_model(rt, request, run_id, step_name))
         if isinstance(answer, Exception):
             exc = answer
             error = {"type": type(exc).__name__, "message": str(exc)[:500]}
@@ -343,12 +344,20 @@ async def _ask(
     return result, save
 
 
-async def _call_model(rt: Runtime, request: dict[str, Any]) -> dict[str, Any] | Exception:
+async def _call_model(
+    rt: Runtime, request: dict[str, Any], run_id: str, step_name: str
+) -> dict[str, Any] | Exception:
     """The one messages.create of a think step: the response, or the error it raised (kept
-    as well: a failed call is not asked again either, the step reports it)."""
+    as well: a failed call is not asked again either, the step reports it).
+
+    Streamed (settings.stream_text), its text deltas go to the run's subscribers as they
+    arrive (agent.text_stream), never to the journal: the step records the whole message."""
+    on_text = call_text(rt, run_id, step_name).write if rt.settings.stream_text else None
     try:
         # The chat span's context rides the request (W3C traceparent).
-        response: dict[str, Any] = await rt.model.create(**request, extra_headers=trace_headers())
+        response: dict[str, Any] = await rt.model.create(
+            **request, on_text=on_text, extra_headers=trace_headers()
+        )
     except Exception as exc:
         return exc
     return response

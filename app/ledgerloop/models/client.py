@@ -140,8 +140,13 @@ class ModelClient:
         for client in clients:
             await client.close()
 
-    async def create(self, **request: Any) -> dict[str, Any]:
+    async def create(
+        self, *, on_text: Callable[[str], None] | None = None, **request: Any
+    ) -> dict[str, Any]:
         """One messages.create; the whole response (tool_use blocks included) as JSON data.
+
+        With `on_text`, the call streams (`messages.stream`): each text delta is handed to
+        `on_text` as it arrives, and the answer is the same whole message, accumulated.
 
         A refusal (429, 529, connection refused) is tried again after the server's
         Retry-After (or a doubling backoff), each wait capped, within `retry.max_attempts`;
@@ -151,7 +156,7 @@ class ModelClient:
         while True:
             attempt += 1
             try:
-                message = await self._send(request)
+                message = await self._send(request, on_text)
             except Exception as exc:
                 wait = refusal_wait(exc, attempt, self.retry)
                 if wait is None or attempt >= self.retry.max_attempts:
@@ -168,7 +173,9 @@ class ModelClient:
             data: dict[str, Any] = message.model_dump(mode="json")
             return data
 
-    async def _send(self, request: dict[str, Any]) -> anthropic.types.Message:
+    async def _send(
+        self, request: dict[str, Any], on_text: Callable[[str], None] | None
+    ) -> anthropic.types.Message:
         # The least busy pool; the first on a tie, so calls one at a time share a connection.
         loads = self._in_flight
         index = loads.index(min(loads))
@@ -176,8 +183,16 @@ class ModelClient:
             self._clients.append(self.new_client())
         loads[index] += 1
         try:
-            message: anthropic.types.Message = await self._clients[index].messages.create(**request)
-            return message
+            if on_text is None:
+                message: anthropic.types.Message = await self._clients[index].messages.create(
+                    **request
+                )
+                return message
+            # A refusal raises on entering, before any text: it is retried like create's.
+            async with self._clients[index].messages.stream(**request) as stream:
+                async for text in stream.text_stream:
+                    on_text(text)
+                return await stream.get_final_message()
         finally:
             loads[index] -= 1
 

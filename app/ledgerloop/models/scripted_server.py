@@ -2,9 +2,9 @@
 
 It speaks enough of ``POST /v1/messages`` for the real ``anthropic`` SDK to parse its replies,
 plain or streamed (``"stream": true``: the Server-Sent Events the real API sends, message_start
-to message_stop, text split into word deltas, chunked transfer encoding), answers from a YAML script (see ``ledgerloop.models.script``) and records every
-request. ``GET /_requests`` returns the record; ``POST /_reset`` clears it and the error-attempt
-counters.
+to message_stop, text split into word deltas, chunked transfer encoding), answers from a YAML
+script (see ``ledgerloop.models.script``) and records every request. ``GET /_requests`` returns
+the record; ``POST /_reset`` clears it and the error-attempt counters.
 """
 
 from __future__ import annotations
@@ -249,7 +249,9 @@ def stream_events(message: JSON) -> list[tuple[str, JSON]]:
     message_delta (stop reason, output usage) and message_stop."""
     start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
     start["usage"] = {**message["usage"], "output_tokens": 1}
-    events: list[tuple[str, JSON]] = [("message_start", {"type": "message_start", "message": start})]
+    events: list[tuple[str, JSON]] = [
+        ("message_start", {"type": "message_start", "message": start})
+    ]
     for index, block in enumerate(message["content"]):
         if block["type"] == "text":
             opened: JSON = {"type": "text", "text": ""}
@@ -258,7 +260,10 @@ def stream_events(message: JSON) -> list[tuple[str, JSON]]:
             opened = {**block, "input": {}}
             deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
         events.append(
-            ("content_block_start", {"type": "content_block_start", "index": index, "content_block": opened})
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": opened},
+            )
         )
         events += [
             ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
@@ -377,10 +382,10 @@ class _Handler(BaseHTTPRequestHandler):
             for name, data in stream_events(answer.body):
                 if data.get("delta", {}).get("type") == "text_delta":
                     text_deltas += 1
-                    if text_deltas > 1 and answer.delta_delay_s:
-                        if self.server.stopping.wait(answer.delta_delay_s):
-                            self.close_connection = True
-                            return
+                    pause = answer.delta_delay_s if text_deltas > 1 else 0.0
+                    if pause and self.server.stopping.wait(pause):
+                        self.close_connection = True
+                        return
                 frame = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
                 self.wfile.flush()

@@ -71,6 +71,32 @@ def durable_event(run_id: uuid.UUID, row: dict[str, Any]) -> StreamEvent:
     )
 
 
+def text_event(run_id: uuid.UUID, row: dict[str, Any]) -> StreamEvent:
+    """A batch of a model call's text deltas (not durable: no id, so resuming is unaffected)."""
+    return StreamEvent(
+        type=TEXT_DELTA,
+        data={
+            "run_id": str(run_id),
+            "step": row["step"],
+            "attempt": row["attempt"],
+            "seq": row["seq"],
+            "text": row["text"],
+        },
+    )
+
+
+def read_text(
+    conn: Conn, run_id: uuid.UUID, after: int | None, limit: int = PAGE
+) -> list[tuple[int, StreamEvent]]:
+    """The run's text deltas after the row `after` (one statement); with None, the text of
+    its latest streamed call so far. Each with its row id (the feed's cursor)."""
+    if after is None:
+        rows = conn.execute(Q["text_current"], {"run_id": run_id, "limit": limit})
+    else:
+        rows = conn.execute(Q["text_since"], {"run_id": run_id, "after": after, "limit": limit})
+    return [(row["id"], text_event(run_id, row)) for row in rows.fetchall()]
+
+
 def finished_event(run_id: uuid.UUID, status: RunStatus, version: int) -> StreamEvent:
     return StreamEvent(
         type=FINISHED, data={"run_id": str(run_id), "status": status.value, "last": version}

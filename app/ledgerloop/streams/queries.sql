@@ -15,3 +15,47 @@ LEFT JOIN LATERAL (
 ) e ON true
 WHERE r.id = %(run_id)s
 ORDER BY e.sequence
+
+-- name: text_append
+-- A batch of one model call's text deltas (streams/publish.py), one statement: the first
+-- batch of a call takes the next attempt of its step (%(attempt)s null), the later ones name
+-- theirs. The trigger (migration 0028) notifies `run_id:id` on commit.
+WITH prior AS (
+  SELECT coalesce(max(attempt), 0) + 1 AS next
+  FROM ledgerloop.run_text
+  WHERE run_id = %(run_id)s AND step = %(step)s AND %(attempt)s::int IS NULL
+)
+INSERT INTO ledgerloop.run_text (run_id, tenant_id, step, attempt, seq, text)
+SELECT r.id, r.tenant_id, %(step)s, coalesce(%(attempt)s::int, prior.next), %(seq)s, %(text)s
+FROM ledgerloop.agent_run r, prior
+WHERE r.id = %(run_id)s
+RETURNING attempt
+
+-- name: text_since
+-- A run's deltas after an id (a feed's read on a notification).
+SELECT id, step, attempt, seq, text
+FROM ledgerloop.run_text
+WHERE run_id = %(run_id)s AND id > %(after)s
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: text_current
+-- What the run's latest streamed call has written so far (a feed's first read: a subscriber
+-- that joins mid-call sees the call's text from its start).
+SELECT t.id, t.step, t.attempt, t.seq, t.text
+FROM ledgerloop.run_text t
+JOIN (
+  SELECT step, attempt FROM ledgerloop.run_text
+  WHERE run_id = %(run_id)s ORDER BY id DESC LIMIT 1
+) last ON t.step = last.step AND t.attempt = last.attempt
+WHERE t.run_id = %(run_id)s
+ORDER BY t.id
+LIMIT %(limit)s
+
+-- name: text_sweep
+-- Deltas of runs that finished a while ago (their text is in the journal).
+DELETE FROM ledgerloop.run_text t
+USING ledgerloop.agent_run r
+WHERE r.id = t.run_id
+  AND r.status IN ('succeeded', 'failed', 'cancelled')
+  AND r.updated_at < now() - make_interval(secs => %(after_s)s)

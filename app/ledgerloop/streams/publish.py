@@ -1,0 +1,147 @@
+"""The worker's side of text streaming: a model call's deltas, batched into `run_text` rows.
+
+A think step that streams its model call hands each text delta to its `CallText` (a queue
+put: the model stream never waits on the database). One thread per process writes what has
+queued since its last write, one statement per model call with text pending (migration
+0028's trigger then notifies `run_id:id` on commit). While a statement is in flight the
+next deltas gather, so a fast model costs a statement per round trip, not per delta.
+
+The rows are the live copy only: the journal keeps one final message per model call. A
+write that fails drops its batch (a subscriber then sees a jump in `seq`); the step is not
+affected. The thread also sweeps the rows of runs finished for a while.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+import psycopg
+
+from ledgerloop.db.connect import Conn
+from ledgerloop.db.sql import load_queries
+
+Q = load_queries("ledgerloop.streams")
+
+log = logging.getLogger(__name__)
+
+#: Deltas of finished runs are deleted this long after the run finished.
+SWEEP_AFTER_S = 60.0
+#: How often the writer sweeps.
+SWEEP_EVERY_S = 60.0
+
+
+@dataclass(eq=False)
+class CallText:
+    """One streamed model call's text, as it is written."""
+
+    run_id: uuid.UUID
+    step: str
+    publisher: TextPublisher
+    #: The step's attempt, known after the first batch is written (the writer's thread only).
+    attempt: int | None = None
+    #: Deltas handed over so far / written so far (their index in this call's text).
+    given: int = 0
+    written: int = 0
+    pending: list[str] = field(default_factory=list)
+    #: Set once every delta given so far is written (or dropped): tests and the benchmark.
+    flushed: threading.Event = field(default_factory=threading.Event)
+
+    def write(self, text: str) -> None:
+        if text:
+            self.flushed.clear()
+            self.given += 1
+            self.publisher.queue.put((self, text))
+
+
+class TextPublisher:
+    """One writer thread per process; `open(run_id, step)` for each streamed model call."""
+
+    def __init__(self, connection: Callable[[], AbstractContextManager[Conn]]) -> None:
+        self.connection = connection
+        self.queue: queue.SimpleQueue[tuple[CallText, str] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="ledgerloop-text", daemon=True)
+        self._thread.start()
+        #: Statements written (the benchmark reads it).
+        self.statements = 0
+
+    def open(self, run_id: str | uuid.UUID, step: str) -> CallText:
+        return CallText(uuid.UUID(str(run_id)), step, self)
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_EVERY_S
+        stop = False
+        while not stop:
+            calls: list[CallText] = []
+            try:
+                # Wait for a delta (or the sweep's time), then take all that queued meanwhile.
+                item = self.queue.get(timeout=SWEEP_EVERY_S)
+                while True:
+                    if item is None:
+                        stop = True
+                    else:
+                        call, text = item
+                        if not call.pending:
+                            calls.append(call)
+                        call.pending.append(text)
+                    item = self.queue.get_nowait()
+            except queue.Empty:
+                pass
+            if calls:
+                self._write(calls)
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + SWEEP_EVERY_S
+                self._sweep()
+
+    def _write(self, calls: list[CallText]) -> None:
+        try:
+            with self.connection() as conn:
+                conn.autocommit = True
+                try:
+                    for call in calls:
+                        pieces, call.pending = call.pending, []
+                        row = conn.execute(
+                            Q["text_append"],
+                            {
+                                "run_id": call.run_id,
+                                "step": call.step,
+                                "attempt": call.attempt,
+                                "seq": call.written,
+                                "text": "".join(pieces),
+                            },
+                        ).fetchone()
+                        self.statements += 1
+                        call.written += len(pieces)
+                        if row is not None and call.attempt is None:
+                            call.attempt = int(row["attempt"])
+                        if call.written >= call.given:
+                            call.flushed.set()
+                finally:
+                    conn.autocommit = False
+        except psycopg.Error as exc:
+            log.warning("dropping streamed text of %d model call(s): %s", len(calls), exc)
+            for call in calls:
+                call.written += len(call.pending)
+                call.pending = []
+                call.flushed.set()
+
+    def _sweep(self) -> None:
+        try:
+            with self.connection() as conn:
+                conn.autocommit = True
+                try:
+                    conn.execute(Q["text_sweep"], {"after_s": SWEEP_AFTER_S})
+                finally:
+                    conn.autocommit = False
+        except psycopg.Error as exc:
+            log.warning("sweeping streamed text failed: %s", exc)
