@@ -352,15 +352,23 @@ async def _call_model(
 
     Streamed (settings.stream_text), its text deltas go to the run's subscribers as they
     arrive (agent.text_stream), never to the journal: the step records the whole message."""
-    on_text = call_text(rt, run_id, step_name).write if rt.settings.stream_text else None
+    text = call_text(rt, run_id, step_name) if rt.settings.stream_text else None
     try:
         # The chat span's context rides the request (W3C traceparent).
         response: dict[str, Any] = await rt.model.create(
-            **request, on_text=on_text, extra_headers=trace_headers()
+            **request, on_text=None if text is None else text.write, extra_headers=trace_headers()
         )
     except Exception as exc:
         return exc
+    finally:
+        if text is not None:
+            # Its last batch commits before the step records anything (TEXT_DRAIN_S at most).
+            await text.drained(TEXT_DRAIN_S)
     return response
+
+
+#: How long a think step waits for its streamed text's last write before it goes on.
+TEXT_DRAIN_S = 1.0
 
 
 def answer_text(response: dict[str, Any]) -> str | None:

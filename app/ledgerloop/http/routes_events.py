@@ -177,6 +177,9 @@ async def events(
                     sub.cursor = event.id if event.id is not None else sub.cursor
                 status = hub.finished(sub)
                 if status is not None:
+                    await hub.text_settled(sub)
+                    for event in hub.take_text(sub):
+                        yield event.sse()
                     yield finished_event(run_id, status, sub.cursor).sse()
                     return
         finally:

@@ -152,6 +152,13 @@ class RunEventHub:
             if not feed.text_again:
                 return
 
+    async def text_settled(self, sub: Subscription) -> None:
+        """Wait for the run's text read under way, if any: the text committed before the
+        run's last event, so it is sent before run.finished."""
+        feed = self._feeds.get(sub.run_id)
+        while feed is not None and feed.text_reading is not None and not feed.text_reading.done():
+            await asyncio.wait({feed.text_reading})
+
     def take_text(self, sub: Subscription) -> list[StreamEvent]:
         """The text deltas waiting for the subscriber, oldest first."""
         taken = list(sub.texts)

@@ -13,13 +13,14 @@ affected. The thread also sweeps the rows of runs finished for a while.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 
 import psycopg
@@ -50,14 +51,42 @@ class CallText:
     given: int = 0
     written: int = 0
     pending: list[str] = field(default_factory=list)
-    #: Set once every delta given so far is written (or dropped): tests and the benchmark.
+    #: Set once every delta given so far is written (or dropped).
     flushed: threading.Event = field(default_factory=threading.Event)
+    _waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
 
     def write(self, text: str) -> None:
         if text:
             self.flushed.clear()
             self.given += 1
             self.publisher.queue.put((self, text))
+
+    async def drained(self, timeout: float) -> None:
+        """Wait (on the loop, no thread) until every delta given so far is written, at most
+        `timeout`: the step's durable events then come after its text, so a stream never
+        closes on the run's end before the last delta."""
+        if self.given == 0:
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._waiter = (loop, future)
+        if self.flushed.is_set():
+            return
+        with suppress(TimeoutError):
+            await asyncio.wait_for(future, timeout)
+
+    def _settled(self) -> None:
+        """The writer's thread: everything given is written (or dropped)."""
+        self.flushed.set()
+        waiter = self._waiter
+        if waiter is not None:
+            loop, future = waiter
+            loop.call_soon_threadsafe(_resolve, future)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class TextPublisher:
@@ -125,7 +154,7 @@ class TextPublisher:
                         if row is not None and call.attempt is None:
                             call.attempt = int(row["attempt"])
                         if call.written >= call.given:
-                            call.flushed.set()
+                            call._settled()
                 finally:
                     conn.autocommit = False
         except psycopg.Error as exc:
@@ -133,7 +162,7 @@ class TextPublisher:
             for call in calls:
                 call.written += len(call.pending)
                 call.pending = []
-                call.flushed.set()
+                call._settled()
 
     def _sweep(self) -> None:
         try:
