@@ -9,6 +9,7 @@ HTTP process (another process's LISTEN) sends the text to a client as it arrives
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import uuid
@@ -18,10 +19,13 @@ from typing import Any
 import pytest
 
 from ledgerloop.approvals.principals import principal_create
+from ledgerloop.approvals.store import approval_decide, approval_list
 from ledgerloop.client import Client, Event
 from ledgerloop.config import DEFAULT_TENANT
 from ledgerloop.db.connect import Conn
+from ledgerloop.examples.ticket_service import TicketServiceThread
 from ledgerloop.http.app import create_app
+from ledgerloop.testing.postgres import wait_until
 from ledgerloop.testing.processes import REPO, worker_env, worker_process
 from tests.conftest import start_test_run, wait_terminal
 from tests.e2e.conftest import ServerThread
@@ -62,6 +66,11 @@ class Follower:
 
         self.thread = threading.Thread(target=main, daemon=True)
         self.thread.start()
+
+    def seen(self, got: list[Event], done: Any, timeout: float = 90) -> list[Event]:
+        """`until`, appending to `got` (what was seen before)."""
+        got.extend(self.until(lambda new: done([*got, *new]), timeout))
+        return got
 
     def until(self, done: Any, timeout: float = 90) -> list[Event]:
         got: list[Event] = []
@@ -157,6 +166,9 @@ def test_worker_killed_mid_stream_client_sees_the_attempt_change(
             assert worker.wait(timeout=30) == -9
         first = _texts(seen)
         assert list(first) == [("think-0", 1)]
+        assert ("think-0", 1) in {
+            (e.data["step"], e.data["attempt"]) for e in seen if e.type == "step.started"
+        }
         assert LONG.startswith(first["think-0", 1])
         assert first["think-0", 1] != LONG
         with worker_process(env, log=tmp_path / "w2.log"):
@@ -169,6 +181,8 @@ def test_worker_killed_mid_stream_client_sees_the_attempt_change(
     assert texts["think-0", 2] == LONG == run.state["answer"]
     attempts = [e.data["attempt"] for e in events if e.type == "text.delta"]
     assert attempts == sorted(attempts)
+    restarted = [e for e in rest if e.type == "step.started" and e.data["step"] == "think-0"]
+    assert [e.data["attempt"] for e in restarted] == [2]
     # Durable events: once each, in order, no gap: the recorded sequences themselves.
     ids = [e.id for e in events if e.id is not None]
     recorded = [
@@ -181,3 +195,84 @@ def test_worker_killed_mid_stream_client_sees_the_attempt_change(
     assert ids == recorded == list(range(len(ids)))
     assert events[-1].type == "run.finished"
     assert events[-1].data["status"] == "succeeded"
+
+
+OPS_SCRIPT = """
+default:
+  turns:
+    - text: "Looking it up."
+      tool_use: {name: search_kb, input: {query: "disk full"}}
+    - tool_use: {name: write_ticket, input: {title: "db-1 disk full", priority: high}}
+    - text: "Filed the ticket."
+"""
+
+
+def test_every_event_type_of_a_run_with_a_tool_an_approval_and_an_effect(
+    conn: Conn, db_url: str, scripted_model: Any, tmp_path: Path
+) -> None:
+    model = scripted_model(OPS_SCRIPT)
+    token = _token(conn)
+    approver, _ = principal_create(conn, name="alice", roles=["approver"])
+    with (
+        TicketServiceThread() as tickets,
+        ServerThread(create_app(db_url, agent_names={"ops"})) as server,
+    ):
+        env = {
+            **_env(db_url, model.url, tmp_path),
+            "LEDGERLOOP_DESTINATIONS": json.dumps({"tickets": tickets.url}),
+        }
+        run_id = start_test_run(conn, "ops", "db-1 disk is full")
+        follower = Follower(server.url, token, run_id)
+        with worker_process(env, log=tmp_path / "w.log"):
+            events = follower.until(lambda got: got[-1].type == "approval_requested")
+            # A message to the run while it waits (the row POST /messages writes).
+            conn.execute(
+                "INSERT INTO ledgerloop.run_message "
+                "(id, run_id, tenant_id, idempotency_key, content, sent_by) "
+                "VALUES (%s, %s, %s, 'k1', '{\"text\": \"hurry\"}', 'bob')",
+                (uuid.uuid4(), run_id, DEFAULT_TENANT),
+            )
+            events = follower.seen(events, lambda got: got[-1].type == "message.received")
+            pending = wait_until(lambda: approval_list(conn, run_id=run_id, status="pending"))
+            approval_decide(conn, approval_id=pending[0].id, principal=approver, decision="approve")
+            events = follower.seen(events, lambda got: got[-1].type == "run.finished")
+            run = wait_terminal(conn, run_id, timeout=60)
+    assert run.status.value == "succeeded", (tmp_path / "w.log").read_text()
+    types = {e.type for e in events}
+    expected = {
+        "received",  # the run started
+        "step.started",
+        "step.finished",
+        "text.delta",
+        "tool.called",
+        "tool.result",
+        "approval_requested",
+        "approval.decided",
+        "effect.status",
+        "message.received",
+        "succeeded",
+        "run.finished",
+    }
+    assert expected <= types, expected - types
+    by_type = {e.type: e for e in events}
+    assert by_type["tool.called"].data["tool"] == "search_kb"
+    assert by_type["tool.result"].data["is_error"] is False
+    assert by_type["approval.decided"].data["payload"]["status"] == "approved"
+    effect_statuses = [e.data["payload"]["status"] for e in events if e.type == "effect.status"]
+    assert effect_statuses[-1] == "succeeded"
+    assert by_type["message.received"].data["payload"]["sent_by"] == "bob"
+    steps = [e.data["payload"]["step"] for e in events if e.type == "step.finished"]
+    assert "think-0" in steps
+    assert all(not step.startswith("DBOS.") for step in steps)
+    started = [(e.data["step"], e.data["attempt"]) for e in events if e.type == "step.started"]
+    assert ("think-0", 1) in started
+    # Durable ids: once each, in order, no gap, and the run's recorded events.
+    ids = [e.id for e in events if e.id is not None]
+    recorded = [
+        row["sequence"]
+        for row in conn.execute(
+            "SELECT sequence FROM ledgerloop.agent_run_event WHERE run_id = %s ORDER BY 1",
+            (run_id,),
+        )
+    ]
+    assert ids == recorded == list(range(len(ids)))

@@ -26,6 +26,8 @@ PAGE = 500
 FINISHED = "run.finished"
 #: Text as the model writes it (not durable; tagged with the step and its attempt).
 TEXT_DELTA = "text.delta"
+#: A step execution's body started (not durable; its step and attempt).
+STEP_STARTED = "step.started"
 
 
 @dataclass(frozen=True)
@@ -71,18 +73,30 @@ def durable_event(run_id: uuid.UUID, row: dict[str, Any]) -> StreamEvent:
     )
 
 
+#: The live events a worker publishes (run_text.kind) and their stream type.
+LIVE_TYPES = {
+    "text": TEXT_DELTA,
+    "step": STEP_STARTED,
+    "tool.called": "tool.called",
+    "tool.result": "tool.result",
+}
+
+
 def text_event(run_id: uuid.UUID, row: dict[str, Any]) -> StreamEvent:
-    """A batch of a model call's text deltas (not durable: no id, so resuming is unaffected)."""
-    return StreamEvent(
-        type=TEXT_DELTA,
-        data={
-            "run_id": str(run_id),
-            "step": row["step"],
-            "attempt": row["attempt"],
-            "seq": row["seq"],
-            "text": row["text"],
-        },
-    )
+    """A live event (not durable: no id, so resuming is unaffected): a batch of a model
+    call's text, a step execution's start, a read tool's call or result. Each names its
+    step and attempt: a step cut off and run again publishes under the next attempt."""
+    data: dict[str, Any] = {
+        "run_id": str(run_id),
+        "step": row["step"],
+        "attempt": row["attempt"],
+        "seq": row["seq"],
+    }
+    if row["kind"] == "text":
+        data["text"] = row["text"]
+    else:
+        data.update(row["data"] or {})
+    return StreamEvent(type=LIVE_TYPES.get(row["kind"], row["kind"]), data=data)
 
 
 def read_text(

@@ -1,10 +1,13 @@
-"""The worker's side of text streaming: a model call's deltas, batched into `run_text` rows.
+"""The worker's side of the live stream: a step execution's start, its model's text deltas
+and its tools' calls, batched into `run_text` rows.
 
-A think step that streams its model call hands each text delta to its `CallText` (a queue
-put: the model stream never waits on the database). One thread per process writes what has
-queued since its last write, one statement per model call with text pending (migration
-0028's trigger then notifies `run_id:id` on commit). While a statement is in flight the
-next deltas gather, so a fast model costs a statement per round trip, not per delta.
+Each step execution has a `CallText`: its body's start (`mark("step")`), each text delta of a
+streamed model call (`write`) and each read tool's call and result (`mark`) are queue puts:
+the step never waits on the database for them. One thread per process writes what has
+queued since its last write, one statement per step execution with something pending
+(migration 0028's trigger then notifies `run_id:id` on commit). While a statement is in
+flight the next items gather, so a fast model costs a statement per round trip, not per
+delta. The first write of an execution numbers its attempt (1, 2, ... per run and step).
 
 The rows are the live copy only: the journal keeps one final message per model call. A
 write that fails drops its batch (a subscriber then sees a jump in `seq`); the step is not
@@ -22,8 +25,10 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
@@ -50,16 +55,23 @@ class CallText:
     #: Deltas handed over so far / written so far (their index in this call's text).
     given: int = 0
     written: int = 0
-    pending: list[str] = field(default_factory=list)
+    #: Queued, not yet written: ("text", delta) or (kind, data).
+    pending: list[tuple[str, Any]] = field(default_factory=list)
     #: Set once every delta given so far is written (or dropped).
     flushed: threading.Event = field(default_factory=threading.Event)
     _waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
 
     def write(self, text: str) -> None:
+        """A text delta of the step's model call."""
         if text:
-            self.flushed.clear()
-            self.given += 1
-            self.publisher.queue.put((self, text))
+            self.mark("text", text)
+
+    def mark(self, kind: str, data: Any = None) -> None:
+        """Something else the step did: "step" (its body started), "tool.called",
+        "tool.result" (`data`: a small JSON object)."""
+        self.flushed.clear()
+        self.given += 1
+        self.publisher.queue.put((self, (kind, data)))
 
     async def drained(self, timeout: float) -> None:
         """Wait (on the loop, no thread) until every delta given so far is written, at most
@@ -94,7 +106,7 @@ class TextPublisher:
 
     def __init__(self, connection: Callable[[], AbstractContextManager[Conn]]) -> None:
         self.connection = connection
-        self.queue: queue.SimpleQueue[tuple[CallText, str] | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[CallText, tuple[str, Any]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="ledgerloop-text", daemon=True)
         self._thread.start()
         #: Statements written (the benchmark reads it).
@@ -119,10 +131,10 @@ class TextPublisher:
                     if item is None:
                         stop = True
                     else:
-                        call, text = item
+                        call, entry = item
                         if not call.pending:
                             calls.append(call)
-                        call.pending.append(text)
+                        call.pending.append(entry)
                     item = self.queue.get_nowait()
             except queue.Empty:
                 pass
@@ -145,8 +157,7 @@ class TextPublisher:
                                 "run_id": call.run_id,
                                 "step": call.step,
                                 "attempt": call.attempt,
-                                "seq": call.written,
-                                "text": "".join(pieces),
+                                "rows": Jsonb(_rows(pieces, call.written)),
                             },
                         ).fetchone()
                         self.statements += 1
@@ -174,3 +185,16 @@ class TextPublisher:
                     conn.autocommit = False
         except psycopg.Error as exc:
             log.warning("sweeping streamed text failed: %s", exc)
+
+
+def _rows(pieces: list[tuple[str, Any]], first: int) -> list[dict[str, Any]]:
+    """The rows of one write: consecutive text deltas joined into one row, each other item a
+    row of its own; `seq` is the index of the row's first item in the execution's stream."""
+    rows: list[dict[str, Any]] = []
+    for index, (kind, data) in enumerate(pieces, start=first):
+        if kind == "text" and rows and rows[-1]["kind"] == "text":
+            rows[-1]["text"] += data
+            continue
+        text, extra = (data, None) if kind == "text" else ("", data)
+        rows.append({"ord": len(rows), "kind": kind, "seq": index, "text": text, "data": extra})
+    return rows

@@ -17,23 +17,29 @@ WHERE r.id = %(run_id)s
 ORDER BY e.sequence
 
 -- name: text_append
--- A batch of one model call's text deltas (streams/publish.py), one statement: the first
--- batch of a call takes the next attempt of its step (%(attempt)s null), the later ones name
+-- What one step execution published since the last write (streams/publish.py): text deltas,
+-- its start, its tools' calls and results, in order, one statement. The first write of an
+-- execution takes the next attempt of its step (%(attempt)s null), the later ones name
 -- theirs. The trigger (migration 0028) notifies `run_id:id` on commit.
 WITH prior AS (
   SELECT coalesce(max(attempt), 0) + 1 AS next
   FROM ledgerloop.run_text
   WHERE run_id = %(run_id)s AND step = %(step)s AND %(attempt)s::int IS NULL
+), given AS (
+  SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+    AS x(ord int, kind text, seq int, text text, data jsonb)
 )
-INSERT INTO ledgerloop.run_text (run_id, tenant_id, step, attempt, seq, text)
-SELECT r.id, r.tenant_id, %(step)s, coalesce(%(attempt)s::int, prior.next), %(seq)s, %(text)s
-FROM ledgerloop.agent_run r, prior
+INSERT INTO ledgerloop.run_text (run_id, tenant_id, step, attempt, kind, seq, text, data)
+SELECT r.id, r.tenant_id, %(step)s, coalesce(%(attempt)s::int, prior.next),
+       given.kind, given.seq, given.text, given.data
+FROM ledgerloop.agent_run r, prior, given
 WHERE r.id = %(run_id)s
+ORDER BY given.ord
 RETURNING attempt
 
 -- name: text_since
 -- A run's deltas after an id (a feed's read on a notification).
-SELECT id, step, attempt, seq, text
+SELECT id, step, attempt, kind, seq, text, data
 FROM ledgerloop.run_text
 WHERE run_id = %(run_id)s AND id > %(after)s
 ORDER BY id
@@ -42,7 +48,7 @@ LIMIT %(limit)s
 -- name: text_current
 -- What the run's latest streamed call has written so far (a feed's first read: a subscriber
 -- that joins mid-call sees the call's text from its start).
-SELECT t.id, t.step, t.attempt, t.seq, t.text
+SELECT t.id, t.step, t.attempt, t.kind, t.seq, t.text, t.data
 FROM ledgerloop.run_text t
 JOIN (
   SELECT step, attempt FROM ledgerloop.run_text
