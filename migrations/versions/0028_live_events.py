@@ -137,7 +137,7 @@ def upgrade() -> None:
           tenant_id uuid NOT NULL,
           step text NOT NULL,
           attempt int NOT NULL,
-          -- 'text' (deltas), 'step' (the step's body started), 'tool.called', 'tool.result'.
+          -- 'text' (deltas), 'tool.called', 'tool.result'.
           kind text NOT NULL DEFAULT 'text',
           -- The first delta's index in this attempt's text (a client sees a lost batch).
           seq int NOT NULL,

@@ -10,7 +10,10 @@ HTTP process (another process's LISTEN) sends the text to a client as it arrives
 from __future__ import annotations
 
 import json
+import os
 import queue
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -131,9 +134,18 @@ def test_streamed_text_is_the_journaled_message(
     with ServerThread(create_app(db_url, agent_names={"looper"})) as server:
         run_id = start_test_run(conn, "looper", "please echo")
         follower = Follower(server.url, token, run_id)
+        cli_env = {**os.environ, "LEDGERLOOP_TOKEN": token, "LEDGERLOOP_URL": server.url}
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "ledgerloop.cli", "runs", "follow", str(run_id)],
+            env=cli_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         with worker_process(_env(db_url, model.url, tmp_path), log=tmp_path / "w.log"):
             events = follower.until(lambda got: got[-1].type == "run.finished")
             run = wait_terminal(conn, run_id, timeout=60)
+        printed, errors = follow.communicate(timeout=60)
     assert run.status.value == "succeeded", (tmp_path / "w.log").read_text()
     # The model server streamed: every request asked for it.
     assert all(r["request"]["stream"] is True for r in model.requests())
@@ -145,6 +157,16 @@ def test_streamed_text_is_the_journaled_message(
     assert all(e.id is None for e in events if e.type == "text.delta")
     ids = [e.id for e in events if e.id is not None]
     assert ids == list(range(len(ids)))
+    # `ledgerloop runs follow`: the text as it came, steps and durable events as lines.
+    assert follow.returncode == 0, errors
+    lines = printed.splitlines()
+    assert "Let me echo that first, then answer." in lines
+    assert "#0 received" in lines
+    assert any(line.startswith("#") and "step.finished (think-0)" in line for line in lines)
+    assert "   step.started think-0 attempt 1" in lines
+    assert "   tool.called think-1 attempt 1 echo" in lines
+    assert lines[-2] == run.state["answer"]
+    assert lines[-1] == f"run {run_id} finished: succeeded"
 
 
 def test_worker_killed_mid_stream_client_sees_the_attempt_change(

@@ -2,9 +2,10 @@
 
 One publisher (one writer thread, streams/publish.py) per runtime's pool in the process,
 made on first use. `run_step` wraps each step body with `announced`: when the body really
-runs (not when the journal answers the step), it opens the execution's `CallText` and
-publishes its start; the body's model call and read tools publish through the same one
-(`current`), so they share its attempt. Off with LEDGERLOOP_STREAM_TEXT=false.
+runs (not when the journal answers the step), it opens the execution's `CallText`; the
+body's model call and read tools publish through it (`current`), so they share its attempt.
+A step that publishes nothing writes nothing (its start is told by the first thing it
+publishes: the stream's `step.started`). Off with LEDGERLOOP_STREAM_TEXT=false.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def _run_id(workflow_id: str | None) -> str | None:
 
 
 def announced(rt: Runtime, name: str, fn: F) -> F:
-    """`fn` as a step body that publishes its start each time it runs."""
+    """`fn` as a step body with an execution of its own on the live stream each time it
+    runs."""
     run_id = _run_id(DBOS.workflow_id)
     if run_id is None or not rt.settings.stream_text:
         return fn
@@ -58,7 +60,6 @@ def announced(rt: Runtime, name: str, fn: F) -> F:
         call = _publisher(rt).open(run_id, name)
         with _lock:
             _live[key] = call
-        call.mark("step")
 
     if inspect.iscoroutinefunction(fn):
 

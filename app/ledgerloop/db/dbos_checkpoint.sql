@@ -55,7 +55,10 @@ WITH owner AS (
            'function_id', %(function_id)s::int,
            'started_at_ms', %(started_at_epoch_ms)s::bigint,
            'completed_at_ms', %(completed_at_epoch_ms)s::bigint,
-           'error', %(error)s::text IS NOT NULL)
+           'error', %(error)s::text IS NOT NULL,
+           -- The attempt its live events went out under, when it published any.
+           'attempt', (SELECT max(t.attempt) FROM ledgerloop.run_text t
+                       WHERE t.run_id = stepped.id AND t.step = %(function_name)s::text))
   FROM stepped
 ), rider AS (
   SELECT ridden.* FROM written CROSS JOIN LATERAL (

@@ -76,7 +76,6 @@ def durable_event(run_id: uuid.UUID, row: dict[str, Any]) -> StreamEvent:
 #: The live events a worker publishes (run_text.kind) and their stream type.
 LIVE_TYPES = {
     "text": TEXT_DELTA,
-    "step": STEP_STARTED,
     "tool.called": "tool.called",
     "tool.result": "tool.result",
 }
@@ -84,7 +83,7 @@ LIVE_TYPES = {
 
 def text_event(run_id: uuid.UUID, row: dict[str, Any]) -> StreamEvent:
     """A live event (not durable: no id, so resuming is unaffected): a batch of a model
-    call's text, a step execution's start, a read tool's call or result. Each names its
+    call's text, a read tool's call or result. Each names its
     step and attempt: a step cut off and run again publishes under the next attempt."""
     data: dict[str, Any] = {
         "run_id": str(run_id),
@@ -97,6 +96,12 @@ def text_event(run_id: uuid.UUID, row: dict[str, Any]) -> StreamEvent:
     else:
         data.update(row["data"] or {})
     return StreamEvent(type=LIVE_TYPES.get(row["kind"], row["kind"]), data=data)
+
+
+def started_event(first: dict[str, Any]) -> StreamEvent:
+    """A step execution's start, told by the first live event it published."""
+    keys = ("run_id", "step", "attempt")
+    return StreamEvent(type=STEP_STARTED, data={k: first[k] for k in keys})
 
 
 def read_text(

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ledgerloop.runs.states import TERMINAL, RunStatus
-from ledgerloop.streams.feed import Page, StreamEvent
+from ledgerloop.streams.feed import Page, StreamEvent, started_event
 from ledgerloop.streams.source import NotificationSource
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ class _Feed:
     text_last: int | None = None
     text_reading: asyncio.Task[None] | None = None
     text_again: bool = False
+    #: The step executions seen publishing: the first thing each publishes is its start.
+    started: set[tuple[str, int]] = field(default_factory=set)
 
     @property
     def finished(self) -> bool:
@@ -146,11 +148,24 @@ class RunEventHub:
                 rows = []
             if rows:
                 feed.text_last = rows[-1][0]
+                events = self._with_starts(feed, [event for _, event in rows])
                 for sub in feed.subscribers:
-                    sub.texts.extend(event for _, event in rows)
+                    sub.texts.extend(events)
                     sub.wake.set()
             if not feed.text_again:
                 return
+
+    @staticmethod
+    def _with_starts(feed: _Feed, events: list[StreamEvent]) -> list[StreamEvent]:
+        """`events`, each step execution's first one preceded by its `step.started`."""
+        told: list[StreamEvent] = []
+        for event in events:
+            key = (event.data["step"], event.data["attempt"])
+            if key not in feed.started:
+                feed.started.add(key)
+                told.append(started_event(event.data))
+            told.append(event)
+        return told
 
     async def text_settled(self, sub: Subscription) -> None:
         """Wait for the run's text read under way, if any: the text committed before the

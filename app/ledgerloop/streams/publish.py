@@ -1,9 +1,9 @@
 """The worker's side of the live stream: a step execution's start, its model's text deltas
 and its tools' calls, batched into `run_text` rows.
 
-Each step execution has a `CallText`: its body's start (`mark("step")`), each text delta of a
-streamed model call (`write`) and each read tool's call and result (`mark`) are queue puts:
-the step never waits on the database for them. One thread per process writes what has
+Each step execution has a `CallText`: each text delta of a streamed model call (`write`) and
+each read tool's call and result (`mark`) are queue puts: the step never waits on the
+database for them. One thread per process writes what has
 queued since its last write, one statement per step execution with something pending
 (migration 0028's trigger then notifies `run_id:id` on commit). While a statement is in
 flight the next items gather, so a fast model costs a statement per round trip, not per
@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 SWEEP_AFTER_S = 60.0
 #: How often the writer sweeps.
 SWEEP_EVERY_S = 60.0
+#: How long a batch without text waits for more (text is written at once).
+LINGER_S = 0.005
 
 
 @dataclass(eq=False)
@@ -67,8 +69,8 @@ class CallText:
             self.mark("text", text)
 
     def mark(self, kind: str, data: Any = None) -> None:
-        """Something else the step did: "step" (its body started), "tool.called",
-        "tool.result" (`data`: a small JSON object)."""
+        """Something else the step did: "tool.called", "tool.result" (`data`: a small
+        JSON object)."""
         self.flushed.clear()
         self.given += 1
         self.publisher.queue.put((self, (kind, data)))
@@ -124,18 +126,28 @@ class TextPublisher:
         stop = False
         while not stop:
             calls: list[CallText] = []
+            wait = SWEEP_EVERY_S
             try:
-                # Wait for a delta (or the sweep's time), then take all that queued meanwhile.
-                item = self.queue.get(timeout=SWEEP_EVERY_S)
+                # Wait for an item (or the sweep's time), then take all that queued meanwhile;
+                # with no text among them, linger a moment for what follows (a read tool's
+                # result after its call): text goes at once, the rest in fewer statements.
                 while True:
-                    if item is None:
-                        stop = True
-                    else:
-                        call, entry = item
-                        if not call.pending:
-                            calls.append(call)
-                        call.pending.append(entry)
-                    item = self.queue.get_nowait()
+                    item = self.queue.get(timeout=wait)
+                    while True:
+                        if item is None:
+                            stop = True
+                        else:
+                            call, entry = item
+                            if not call.pending:
+                                calls.append(call)
+                            call.pending.append(entry)
+                        try:
+                            item = self.queue.get_nowait()
+                        except queue.Empty:
+                            break
+                    if stop or any(kind == "text" for c in calls for kind, _ in c.pending):
+                        break
+                    wait = LINGER_S
             except queue.Empty:
                 pass
             if calls:
