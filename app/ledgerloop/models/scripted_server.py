@@ -295,6 +295,9 @@ class _HTTPServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.responder = responder
         self.stopping = threading.Event()
+        #: When each streamed answer's first text delta was written (time.time()): the
+        #: benchmark's start for the first-delta latency.
+        self.first_deltas: list[float] = []
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
 
@@ -389,6 +392,9 @@ class _Handler(BaseHTTPRequestHandler):
                 frame = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
                 self.wfile.flush()
+                first = text_deltas == 1 and name == "content_block_delta"
+                if first and data["delta"]["type"] == "text_delta":
+                    self.server.first_deltas.append(time.time())
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -466,6 +472,10 @@ class ScriptedModelServer:
     def reset(self) -> None:
         """Clear the recorded requests and the error-attempt counters."""
         self._responder.reset()
+
+    def first_deltas(self) -> list[float]:
+        """When each streamed answer's first text delta went out (time.time()), in order."""
+        return list(self._httpd.first_deltas) if self._httpd is not None else []
 
     def __enter__(self) -> Self:
         return self.start()

@@ -1,0 +1,136 @@
+"""Tokens as they are generated (issue 36): what streaming costs a turn, and how soon the
+first text delta reaches a subscriber of another process's kind (the HTTP app, through
+`run_text` and its LISTEN), measured in one worker, in one run.
+
+1. The 5-turn read-tool run of `scripts/bench turn` (its final answer 60 words long), with
+   LEDGERLOOP_STREAM_TEXT on (messages.stream, deltas and read tools' live events published)
+   and off (messages.create), in alternating rounds: ms per run and the ratio.
+2. First-delta latency: a run whose model answers after 300 ms (the subscriber is connected
+   by then) and writes a word every 20 ms, followed by an SSE subscriber of the real HTTP
+   app: from the model server writing the first text delta to the subscriber reading it
+   (both clocks are this machine's): p50 and p90 over the runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from ledgerloop.approvals.principals import principal_create
+from ledgerloop.config import DEFAULT_TENANT
+from ledgerloop.db.connect import connect
+from ledgerloop.runs.start import start_run
+from ledgerloop.runtime import Runtime
+from scripts.benchmarks.common import database, report, run_in_worker, scripted, settings_for
+from scripts.benchmarks.run_ends import run_ends
+from scripts.benchmarks.streams import Server
+from scripts.benchmarks.turn import AGENT, TURNS, _run_ledgerloop
+
+ROUNDS = int(os.environ.get("BENCH_STREAMS_TEXT_ROUNDS", "5"))
+RUNS = int(os.environ.get("BENCH_STREAMS_TEXT_RUNS", "20"))
+LATENCY_RUNS = int(os.environ.get("BENCH_STREAMS_LATENCY_RUNS", "30"))
+
+ANSWER = " ".join(f"word{i}" for i in range(60))
+SCRIPT = (
+    "default: {turns: ["
+    + ", ".join(f"{{tool_use: {{name: lookup, input: {{key: k{i}}}}}}}" for i in range(TURNS))
+    + f', {{text: "{ANSWER}"}}]}}'
+    + "\nconversations:\n  - match: latency\n    turns:\n"
+    + '      - {text: "one two three four five six", delay_ms: 300, delta_delay_ms: 20}\n'
+)
+
+
+def _first_delta_at(base: str, token: str, run_id: uuid.UUID, ready: threading.Event) -> float:
+    """Follow the run's stream; when its first text.delta was read (time.time())."""
+    headers = {"Authorization": f"Bearer {token}"}
+    with (
+        httpx.Client(base_url=base, timeout=httpx.Timeout(30, read=None)) as http,
+        http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers) as response,
+    ):
+        ready.set()
+        for line in response.iter_lines():
+            if line == "event: text.delta":
+                return time.time()
+    raise RuntimeError(f"run {run_id}'s stream ended without text")
+
+
+def main() -> None:
+    with database() as url, scripted(SCRIPT) as model:
+
+        async def body(runtime: Runtime) -> dict[str, Any]:
+            ends = await run_ends(url)
+            plain, streamed = [], []
+            try:
+                await _run_ledgerloop(runtime, ends, 2)  # warm-up
+                on = runtime.settings
+                off = on.model_copy(update={"stream_text": False})
+                for _ in range(ROUNDS):
+                    for settings, samples in ((on, streamed), (off, plain)):
+                        runtime.settings = settings
+                        start = time.perf_counter()
+                        await _run_ledgerloop(runtime, ends, RUNS, agent=AGENT)
+                        samples.append((time.perf_counter() - start) / RUNS * 1000)
+                runtime.settings = on
+            finally:
+                await ends.close()
+            latencies = await asyncio.to_thread(_latencies, url, runtime)
+            return {"plain": plain, "streamed": streamed, "latencies": latencies}
+
+        def _latencies(url: str, runtime: Runtime) -> list[float]:
+            got: list[float] = []
+            with connect(url, autocommit=True) as conn, Server(url) as server:
+                _, token = principal_create(
+                    conn, name="bench", roles=("viewer",), tenant_id=DEFAULT_TENANT
+                )
+                for i in range(LATENCY_RUNS):
+                    run_id = start_run(
+                        conn,
+                        agent=AGENT,
+                        input={"message": f"latency {i} {uuid.uuid4()}"},
+                        tenant_id=DEFAULT_TENANT,
+                    )
+                    ready = threading.Event()
+                    result: list[float] = []
+                    reader = threading.Thread(
+                        target=lambda r=run_id, ev=ready, out=result: out.append(
+                            _first_delta_at(server.base, token, r, ev)
+                        ),
+                        daemon=True,
+                    )
+                    sent_before = len(model.first_deltas())
+                    reader.start()
+                    reader.join(60)
+                    sent = model.first_deltas()[sent_before]
+                    got.append((result[0] - sent) * 1000)
+            return got
+
+        settings = settings_for(url, model.url)
+        fig = run_in_worker(settings, url, body)
+    plain, streamed = statistics.median(fig["plain"]), statistics.median(fig["streamed"])
+    report(
+        f"streams (text): the 5-turn run, {ROUNDS} alternating rounds x {RUNS} runs",
+        [
+            ("messages.create (ms per run)", plain, ""),
+            ("streamed, deltas published (ms per run)", streamed, ""),
+            ("ratio", streamed / plain, "target <= 1.05"),
+        ],
+    )
+    lat = sorted(fig["latencies"])
+    report(
+        f"streams (text): first delta, model server -> SSE subscriber, {len(lat)} runs",
+        [
+            ("p50 (ms)", statistics.median(lat), "target <= 20"),
+            ("p90 (ms)", lat[int(len(lat) * 0.9)], ""),
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()
