@@ -5,6 +5,9 @@ first text delta reaches a subscriber of another process's kind (the HTTP app, t
 1. The 5-turn read-tool run of `scripts/bench turn` (its final answer 60 words long), with
    LEDGERLOOP_STREAM_TEXT on (messages.stream, deltas and read tools' live events published)
    and off (messages.create), in alternating rounds: ms per run and the ratio.
+0. The same run unstreamed, with and without the durable step.finished events (the bench
+   turns them off by handing the checkpoint no run id: the statement then skips them), in
+   alternating rounds: what the durable events add to a turn.
 2. First-delta latency: a run whose model answers after 300 ms (the subscriber is connected
    by then) and writes a word every 20 ms, followed by an SSE subscriber of the real HTTP
    app: from the model server writing the first text delta to the subscriber reading it
@@ -25,6 +28,7 @@ import httpx
 
 from ledgerloop.approvals.principals import principal_create
 from ledgerloop.config import DEFAULT_TENANT
+from ledgerloop.db import dbos_checkpoint
 from ledgerloop.db.connect import connect
 from ledgerloop.runs.start import start_run
 from ledgerloop.runtime import Runtime
@@ -45,6 +49,10 @@ SCRIPT = (
     + "\nconversations:\n  - match: latency\n    turns:\n"
     + '      - {text: "one two three four five six", delay_ms: 300, delta_delay_ms: 20}\n'
 )
+
+
+def _none(workflow_id: str) -> uuid.UUID | None:
+    return None
 
 
 def _first_delta_at(base: str, token: str, run_id: uuid.UUID, ready: threading.Event) -> float:
@@ -71,6 +79,17 @@ def main() -> None:
                 await _run_ledgerloop(runtime, ends, 2)  # warm-up
                 on = runtime.settings
                 off = on.model_copy(update={"stream_text": False})
+                # 0. durable step events on and off, unstreamed.
+                runtime.settings = off
+                with_events, without_events = [], []
+                recorded = dbos_checkpoint._run_id
+                for _ in range(ROUNDS):
+                    for patch, samples in ((recorded, with_events), (_none, without_events)):
+                        dbos_checkpoint._run_id = patch  # type: ignore[assignment]
+                        start = time.perf_counter()
+                        await _run_ledgerloop(runtime, ends, RUNS, agent=AGENT)
+                        samples.append((time.perf_counter() - start) / RUNS * 1000)
+                dbos_checkpoint._run_id = recorded  # type: ignore[assignment]
                 for _ in range(ROUNDS):
                     for settings, samples in ((on, streamed), (off, plain)):
                         runtime.settings = settings
@@ -81,7 +100,13 @@ def main() -> None:
             finally:
                 await ends.close()
             latencies = await asyncio.to_thread(_latencies, url, runtime)
-            return {"plain": plain, "streamed": streamed, "latencies": latencies}
+            return {
+                "plain": plain,
+                "streamed": streamed,
+                "latencies": latencies,
+                "with_events": with_events,
+                "without_events": without_events,
+            }
 
         def _latencies(url: str, runtime: Runtime) -> list[float]:
             got: list[float] = []
@@ -113,6 +138,16 @@ def main() -> None:
 
         settings = settings_for(url, model.url)
         fig = run_in_worker(settings, url, body)
+    with_events = statistics.median(fig["with_events"])
+    without_events = statistics.median(fig["without_events"])
+    report(
+        f"streams (events): the 5-turn run unstreamed, {ROUNDS} alternating rounds x {RUNS} runs",
+        [
+            ("without durable step events (ms per run)", without_events, ""),
+            ("with them (ms per run)", with_events, ""),
+            ("ratio", with_events / without_events, "target <= 1.05"),
+        ],
+    )
     plain, streamed = statistics.median(fig["plain"]), statistics.median(fig["streamed"])
     report(
         f"streams (text): the 5-turn run, {ROUNDS} alternating rounds x {RUNS} runs",

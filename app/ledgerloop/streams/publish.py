@@ -47,7 +47,7 @@ LINGER_S = 0.005
 
 @dataclass(eq=False)
 class CallText:
-    """One streamed model call's text, as it is written."""
+    """One step execution's live events: its model's text and its read tools."""
 
     run_id: uuid.UUID
     step: str
@@ -57,6 +57,8 @@ class CallText:
     #: Deltas handed over so far / written so far (their index in this call's text).
     given: int = 0
     written: int = 0
+    #: Text deltas handed over (a step without text does not wait for its writes).
+    texts: int = 0
     #: Queued, not yet written: ("text", delta) or (kind, data).
     pending: list[tuple[str, Any]] = field(default_factory=list)
     #: Set once every delta given so far is written (or dropped).
@@ -66,6 +68,7 @@ class CallText:
     def write(self, text: str) -> None:
         """A text delta of the step's model call."""
         if text:
+            self.texts += 1
             self.mark("text", text)
 
     def mark(self, kind: str, data: Any = None) -> None:
@@ -76,15 +79,18 @@ class CallText:
         self.publisher.queue.put((self, (kind, data)))
 
     async def drained(self, timeout: float) -> None:
-        """Wait (on the loop, no thread) until every delta given so far is written, at most
-        `timeout`: the step's durable events then come after its text, so a stream never
-        closes on the run's end before the last delta."""
-        if self.given == 0:
+        """Wait (on the loop, no thread) until everything given so far is written, at most
+        `timeout`, when the step wrote text: its durable events then come after its text, so
+        a stream never closes on the run's end before the last delta. A step with only read
+        tools to tell does not wait (their events may follow its step.finished)."""
+        if self.texts == 0:
             return
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._waiter = (loop, future)
-        if self.flushed.is_set():
+        # `given` is final here (the step publishes nothing more), and the writer has seen it
+        # for every item it took: once `written` reaches it, all is written.
+        if self.written >= self.given:
             return
         with suppress(TimeoutError):
             await asyncio.wait_for(future, timeout)
