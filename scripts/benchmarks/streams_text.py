@@ -1,6 +1,7 @@
 """Tokens as they are generated (issue 36): what streaming costs a turn, and how soon the
 first text delta reaches a subscriber of another process's kind (the HTTP app, through
-`run_text` and its LISTEN), measured in one worker, in one run.
+`run_text` and its LISTEN), measured in one worker, in one run. The scripted model runs in
+a process of its own, as a model service does.
 
 1. The 5-turn read-tool run of `scripts/bench turn` (its final answer 60 words long), with
    LEDGERLOOP_STREAM_TEXT on (messages.stream, deltas and read tools' live events published)
@@ -32,7 +33,13 @@ from ledgerloop.db import dbos_checkpoint
 from ledgerloop.db.connect import connect
 from ledgerloop.runs.start import start_run
 from ledgerloop.runtime import Runtime
-from scripts.benchmarks.common import database, report, run_in_worker, scripted, settings_for
+from scripts.benchmarks.common import (
+    database,
+    report,
+    run_in_worker,
+    scripted_process,
+    settings_for,
+)
 from scripts.benchmarks.run_ends import run_ends
 from scripts.benchmarks.streams import Server
 from scripts.benchmarks.turn import AGENT, TURNS, _run_ledgerloop
@@ -49,6 +56,11 @@ SCRIPT = (
     + "\nconversations:\n  - match: latency\n    turns:\n"
     + '      - {text: "one two three four five six", delay_ms: 300, delta_delay_ms: 20}\n'
 )
+
+
+def _first_deltas(model_url: str) -> list[float]:
+    sent: list[float] = httpx.get(f"{model_url}/_first_deltas").json()["sent"]
+    return sent
 
 
 def _none(workflow_id: str) -> uuid.UUID | None:
@@ -70,7 +82,7 @@ def _first_delta_at(base: str, token: str, run_id: uuid.UUID, ready: threading.E
 
 
 def main() -> None:
-    with database() as url, scripted(SCRIPT) as model:
+    with database() as url, scripted_process(SCRIPT) as model:
 
         async def body(runtime: Runtime) -> dict[str, Any]:
             ends = await run_ends(url)
@@ -129,10 +141,10 @@ def main() -> None:
                         ),
                         daemon=True,
                     )
-                    sent_before = len(model.first_deltas())
+                    sent_before = len(_first_deltas(model.url))
                     reader.start()
                     reader.join(60)
-                    sent = model.first_deltas()[sent_before]
+                    sent = _first_deltas(model.url)[sent_before]
                     got.append((result[0] - sent) * 1000)
             return got
 

@@ -165,7 +165,9 @@ def test_streamed_text_is_the_journaled_message(
     assert any(line.startswith("#") and "step.finished (think-0)" in line for line in lines)
     assert "   step.started think-0 attempt 1" in lines
     assert "   tool.called think-1 attempt 1 echo" in lines
-    assert lines[-2] == run.state["answer"]
+    assert lines[-3] == run.state["answer"]  # the text, then the line the answer's save made
+    assert lines[-2].startswith("#")
+    assert lines[-2].endswith(" succeeded (memory-save-1)")
     assert lines[-1] == f"run {run_id} finished: succeeded"
 
 

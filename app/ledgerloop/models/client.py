@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
@@ -156,7 +157,7 @@ class ModelClient:
         while True:
             attempt += 1
             try:
-                message = await self._send(request, on_text)
+                data = await self._send(request, on_text)
             except Exception as exc:
                 wait = refusal_wait(exc, attempt, self.retry)
                 if wait is None or attempt >= self.retry.max_attempts:
@@ -170,12 +171,11 @@ class ModelClient:
                 )
                 await asyncio.sleep(wait)
                 continue
-            data: dict[str, Any] = message.model_dump(mode="json")
             return data
 
     async def _send(
         self, request: dict[str, Any], on_text: Callable[[str], None] | None
-    ) -> anthropic.types.Message:
+    ) -> dict[str, Any]:
         # The least busy pool; the first on a tie, so calls one at a time share a connection.
         loads = self._in_flight
         index = loads.index(min(loads))
@@ -183,18 +183,64 @@ class ModelClient:
             self._clients.append(self.new_client())
         loads[index] += 1
         try:
+            client = self._clients[index]
             if on_text is None:
-                message: anthropic.types.Message = await self._clients[index].messages.create(
-                    **request
-                )
-                return message
-            # A refusal raises on entering, before any text: it is retried like create's.
-            async with self._clients[index].messages.stream(**request) as stream:
-                async for text in stream.text_stream:
-                    on_text(text)
-                return await stream.get_final_message()
+                message = await client.messages.create(**request)
+                data: dict[str, Any] = message.model_dump(mode="json")
+                return data
+            # A refusal raises here, before any text: it is retried like create's.
+            stream = await client.messages.create(**request, stream=True)
+            async with stream:
+                return await _accumulate(stream, on_text)
         finally:
             loads[index] -= 1
+
+
+class StreamCutOff(Exception):
+    """A streamed model call ended before its message did."""
+
+
+async def _accumulate(
+    events: AsyncIterator[anthropic.types.RawMessageStreamEvent], on_text: Callable[[str], None]
+) -> dict[str, Any]:
+    """A streamed message as the whole message `create` returns (its JSON data), each text
+    delta handed to `on_text` as it arrives. Lighter than the SDK's MessageStream, which
+    rebuilds a snapshot and parses a tool's partial input at every event."""
+    message: dict[str, Any] = {}
+    blocks: list[dict[str, Any]] = []
+    texts: list[list[str]] = []
+    for_tool: list[list[str]] = []
+    stopped = False
+    async for event in events:
+        if event.type == "content_block_delta":
+            delta = event.delta
+            if delta.type == "text_delta":
+                texts[event.index].append(delta.text)
+                on_text(delta.text)
+            elif delta.type == "input_json_delta":
+                for_tool[event.index].append(delta.partial_json)
+        elif event.type == "content_block_start":
+            blocks.append(event.content_block.model_dump(mode="json"))
+            texts.append([])
+            for_tool.append([])
+        elif event.type == "message_start":
+            message = event.message.model_dump(mode="json")
+        elif event.type == "message_delta":
+            message["stop_reason"] = event.delta.stop_reason
+            message["stop_sequence"] = event.delta.stop_sequence
+            message["usage"]["output_tokens"] = event.usage.output_tokens
+        elif event.type == "message_stop":
+            stopped = True
+    if not stopped:
+        # Cut off without an error (the connection closed early): not a whole message.
+        raise StreamCutOff("the model's stream ended before message_stop")
+    for block, text, partial in zip(blocks, texts, for_tool, strict=True):
+        if block["type"] == "text":
+            block["text"] = block.get("text", "") + "".join(text)
+        elif partial:
+            block["input"] = json.loads("".join(partial))
+    message["content"] = blocks
+    return message
 
 
 def make_model_client(settings: Settings) -> ModelClient:

@@ -4,7 +4,8 @@ It speaks enough of ``POST /v1/messages`` for the real ``anthropic`` SDK to pars
 plain or streamed (``"stream": true``: the Server-Sent Events the real API sends, message_start
 to message_stop, text split into word deltas, chunked transfer encoding), answers from a YAML
 script (see ``ledgerloop.models.script``) and records every request. ``GET /_requests`` returns
-the record; ``POST /_reset`` clears it and the error-attempt counters.
+the record; ``POST /_reset`` clears it and the error-attempt counters; ``GET /_first_deltas``
+says when each streamed answer's first text delta went out (a benchmark's clock).
 """
 
 from __future__ import annotations
@@ -333,8 +334,11 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
 
     def do_GET(self) -> None:
-        if urlsplit(self.path).path == "/_requests":
+        path = urlsplit(self.path).path
+        if path == "/_requests":
             self._send(_Answer(200, self.server.responder.records()))
+        elif path == "/_first_deltas":
+            self._send(_Answer(200, {"sent": self.server.first_deltas}))
         else:
             self._send(_error(404, f"no route for GET {self.path}"))
 
@@ -371,9 +375,21 @@ class _Handler(BaseHTTPRequestHandler):
             # The client gave up (a timeout, usually); the request is already recorded.
             self.close_connection = True
 
+    def _flush(self, frames: list[bytes], first_at: int | None) -> None:
+        """Write the frames made so far in one send (and note when the first text delta
+        went out, when it is among them)."""
+        if frames:
+            self.wfile.write(b"".join(frames))
+            self.wfile.flush()
+            if first_at is not None:
+                self.server.first_deltas.append(time.time())
+            frames.clear()
+
     def _send_stream(self, answer: _Answer) -> None:
-        """The answer as Server-Sent Events, one chunk (of chunked encoding) per event, each
-        written as soon as it is made: a client sees the first delta before the last."""
+        """The answer as Server-Sent Events, one chunk (of chunked encoding) per event.
+        Events made together go out in one write, as a network would coalesce them; a slow
+        writer's (`delta_delay_ms`) are written before each pause: a client sees the first
+        delta before the last."""
         assert isinstance(answer.body, dict)
         try:
             self.send_response(200)
@@ -382,20 +398,24 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
             text_deltas = 0
+            first_at: int | None = None  # the first text delta's place in `frames`
+            frames: list[bytes] = []
             for name, data in stream_events(answer.body):
                 if data.get("delta", {}).get("type") == "text_delta":
                     text_deltas += 1
                     pause = answer.delta_delay_s if text_deltas > 1 else 0.0
-                    if pause and self.server.stopping.wait(pause):
-                        self.close_connection = True
-                        return
+                    if pause:
+                        self._flush(frames, first_at)
+                        first_at = None
+                        if self.server.stopping.wait(pause):
+                            self.close_connection = True
+                            return
+                    if text_deltas == 1:
+                        first_at = len(frames)
                 frame = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
-                self.wfile.flush()
-                first = text_deltas == 1 and name == "content_block_delta"
-                if first and data["delta"]["type"] == "text_delta":
-                    self.server.first_deltas.append(time.time())
-            self.wfile.write(b"0\r\n\r\n")
+                frames.append(b"%x\r\n%s\r\n" % (len(frame), frame))
+            frames.append(b"0\r\n\r\n")
+            self._flush(frames, first_at)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
