@@ -5,10 +5,10 @@ a process of its own, as a model service does.
 
 1. The 5-turn read-tool run of `scripts/bench turn` (its final answer 60 words long), with
    LEDGERLOOP_STREAM_TEXT on (messages.stream, deltas and read tools' live events published)
-   and off (messages.create), in alternating rounds: ms per run and the ratio.
+   and off (messages.create), one run of each in turn: medians, ms per run, and the ratio.
 0. The same run unstreamed, with and without the durable step.finished events (the bench
-   turns them off by handing the checkpoint no run id: the statement then skips them), in
-   alternating rounds: what the durable events add to a turn.
+   turns them off by handing the checkpoint no run id: the statement then skips them), one
+   run of each in turn: what the durable events add to a turn (medians, ms per run).
 2. First-delta latency: a run whose model answers after 300 ms (the subscriber is connected
    by then) and writes a word every 20 ms, followed by an SSE subscriber of the real HTTP
    app: from the model server writing the first text delta to the subscriber reading it
@@ -23,6 +23,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -58,6 +59,22 @@ SCRIPT = (
 )
 
 
+async def _pairs(
+    runtime: Runtime, ends: Any, switch: Callable[[bool], None]
+) -> tuple[list[float], list[float]]:
+    """ms per run with `switch(True)` and with `switch(False)`, one run of each in turn (the
+    order swapped every pair): this shared machine's noise hits both alike."""
+    on: list[float] = []
+    off: list[float] = []
+    for i in range(ROUNDS * RUNS):
+        for enabled in (True, False) if i % 2 == 0 else (False, True):
+            switch(enabled)
+            start = time.perf_counter()
+            await _run_ledgerloop(runtime, ends, 1, agent=AGENT)
+            (on if enabled else off).append((time.perf_counter() - start) * 1000)
+    return on, off
+
+
 def _first_deltas(model_url: str) -> list[float]:
     sent: list[float] = httpx.get(f"{model_url}/_first_deltas").json()["sent"]
     return sent
@@ -86,28 +103,23 @@ def main() -> None:
 
         async def body(runtime: Runtime) -> dict[str, Any]:
             ends = await run_ends(url)
-            plain, streamed = [], []
             try:
                 await _run_ledgerloop(runtime, ends, 2)  # warm-up
                 on = runtime.settings
                 off = on.model_copy(update={"stream_text": False})
-                # 0. durable step events on and off, unstreamed.
-                runtime.settings = off
-                with_events, without_events = [], []
                 recorded = dbos_checkpoint._run_id
-                for _ in range(ROUNDS):
-                    for patch, samples in ((recorded, with_events), (_none, without_events)):
-                        dbos_checkpoint._run_id = patch  # type: ignore[assignment]
-                        start = time.perf_counter()
-                        await _run_ledgerloop(runtime, ends, RUNS, agent=AGENT)
-                        samples.append((time.perf_counter() - start) / RUNS * 1000)
-                dbos_checkpoint._run_id = recorded  # type: ignore[assignment]
-                for _ in range(ROUNDS):
-                    for settings, samples in ((on, streamed), (off, plain)):
-                        runtime.settings = settings
-                        start = time.perf_counter()
-                        await _run_ledgerloop(runtime, ends, RUNS, agent=AGENT)
-                        samples.append((time.perf_counter() - start) / RUNS * 1000)
+
+                def events(enabled: bool) -> None:
+                    runtime.settings = off
+                    dbos_checkpoint._run_id = recorded if enabled else _none  # type: ignore[assignment]
+
+                def streaming(enabled: bool) -> None:
+                    runtime.settings = on if enabled else off
+                    dbos_checkpoint._run_id = recorded  # type: ignore[assignment]
+
+                # 0. durable step events on and off, unstreamed; 1. streamed and not.
+                with_events, without_events = await _pairs(runtime, ends, events)
+                streamed, plain = await _pairs(runtime, ends, streaming)
                 runtime.settings = on
             finally:
                 await ends.close()
@@ -153,7 +165,7 @@ def main() -> None:
     with_events = statistics.median(fig["with_events"])
     without_events = statistics.median(fig["without_events"])
     report(
-        f"streams (events): the 5-turn run unstreamed, {ROUNDS} alternating rounds x {RUNS} runs",
+        f"streams (events): the 5-turn run unstreamed, {ROUNDS * RUNS} runs each, alternating",
         [
             ("without durable step events (ms per run)", without_events, ""),
             ("with them (ms per run)", with_events, ""),
@@ -162,7 +174,7 @@ def main() -> None:
     )
     plain, streamed = statistics.median(fig["plain"]), statistics.median(fig["streamed"])
     report(
-        f"streams (text): the 5-turn run, {ROUNDS} alternating rounds x {RUNS} runs",
+        f"streams (text): the 5-turn run, {ROUNDS * RUNS} runs each, alternating",
         [
             ("messages.create (ms per run)", plain, ""),
             ("streamed, deltas published (ms per run)", streamed, ""),

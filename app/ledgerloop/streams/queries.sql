@@ -59,9 +59,12 @@ ORDER BY t.id
 LIMIT %(limit)s
 
 -- name: text_sweep
--- Deltas of runs that finished a while ago (their text is in the journal).
+-- Live rows of runs that finished a while ago (their text is in the journal) or are gone
+-- (purged).
 DELETE FROM ledgerloop.run_text t
-USING ledgerloop.agent_run r
-WHERE r.id = t.run_id
-  AND r.status IN ('succeeded', 'failed', 'cancelled')
-  AND r.updated_at < now() - make_interval(secs => %(after_s)s)
+WHERE NOT EXISTS (
+  SELECT 1 FROM ledgerloop.agent_run r
+  WHERE r.id = t.run_id
+    AND (r.status NOT IN ('succeeded', 'failed', 'cancelled')
+         OR r.updated_at >= now() - make_interval(secs => %(after_s)s))
+)
