@@ -34,7 +34,7 @@ def _publisher(rt: Runtime) -> TextPublisher:
     pool = rt.pool
     with _lock:
         publisher = _publishers.get(id(pool))
-        if publisher is None:
+        if publisher is None or publisher.closed.is_set():
             publisher = _publishers[id(pool)] = TextPublisher(pool.connection)
     return publisher
 

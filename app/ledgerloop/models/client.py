@@ -188,54 +188,60 @@ class ModelClient:
                 message = await client.messages.create(**request)
                 data: dict[str, Any] = message.model_dump(mode="json")
                 return data
-            # A refusal raises here, before any text: it is retried like create's.
-            stream = await client.messages.create(**request, stream=True)
-            async with stream:
-                return await _accumulate(stream, on_text)
+            # A refusal raises here, before any text: it is retried like create's. The
+            # events are read as the JSON they are (no SDK object per event).
+            streaming = client.messages.with_streaming_response.create(**request, stream=True)
+            async with streaming as response:
+                return await _accumulate(response.iter_lines(), on_text)
         finally:
             loads[index] -= 1
 
 
 class StreamCutOff(Exception):
-    """A streamed model call ended before its message did."""
+    """A streamed model call ended before its message did, or with an error event."""
 
 
-async def _accumulate(
-    events: AsyncIterator[anthropic.types.RawMessageStreamEvent], on_text: Callable[[str], None]
-) -> dict[str, Any]:
-    """A streamed message as the whole message `create` returns (its JSON data), each text
-    delta handed to `on_text` as it arrives. Lighter than the SDK's MessageStream, which
-    rebuilds a snapshot and parses a tool's partial input at every event."""
+async def _accumulate(lines: AsyncIterator[str], on_text: Callable[[str], None]) -> dict[str, Any]:
+    """A streamed message (Server-Sent Events lines) as the whole message `create` returns
+    (its JSON data), each text delta handed to `on_text` as it arrives. It reads the events'
+    JSON as is: the SDK's own stream makes an object per event and rebuilds a snapshot of
+    the message at each, a cost a turn with a handful of calls notices."""
     message: dict[str, Any] = {}
     blocks: list[dict[str, Any]] = []
     texts: list[list[str]] = []
     for_tool: list[list[str]] = []
     stopped = False
-    async for event in events:
-        if event.type == "content_block_delta":
-            delta = event.delta
-            if delta.type == "text_delta":
-                texts[event.index].append(delta.text)
-                on_text(delta.text)
-            elif delta.type == "input_json_delta":
-                for_tool[event.index].append(delta.partial_json)
-        elif event.type == "content_block_start":
-            blocks.append(event.content_block.model_dump(mode="json"))
+    async for line in lines:
+        if not line.startswith("data:"):
+            continue
+        event = json.loads(line[5:])
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            delta, index = event["delta"], event["index"]
+            if delta["type"] == "text_delta":
+                texts[index].append(delta["text"])
+                on_text(delta["text"])
+            elif delta["type"] == "input_json_delta":
+                for_tool[index].append(delta["partial_json"])
+        elif kind == "content_block_start":
+            blocks.append(event["content_block"])
             texts.append([])
             for_tool.append([])
-        elif event.type == "message_start":
-            message = event.message.model_dump(mode="json")
-        elif event.type == "message_delta":
-            message["stop_reason"] = event.delta.stop_reason
-            message["stop_sequence"] = event.delta.stop_sequence
-            message["usage"]["output_tokens"] = event.usage.output_tokens
-        elif event.type == "message_stop":
+        elif kind == "message_start":
+            message = event["message"]
+        elif kind == "message_delta":
+            message.update(event.get("delta") or {})
+            message["usage"] = {**message.get("usage", {}), **(event.get("usage") or {})}
+        elif kind == "message_stop":
             stopped = True
+        elif kind == "error":
+            error = event.get("error") or {}
+            raise StreamCutOff(f"{error.get('type', 'error')}: {error.get('message', '')}")
     if not stopped:
         # Cut off without an error (the connection closed early): not a whole message.
         raise StreamCutOff("the model's stream ended before message_stop")
     for block, text, partial in zip(blocks, texts, for_tool, strict=True):
-        if block["type"] == "text":
+        if block.get("type") == "text":
             block["text"] = block.get("text", "") + "".join(text)
         elif partial:
             block["input"] = json.loads("".join(partial))

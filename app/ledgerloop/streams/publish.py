@@ -29,6 +29,7 @@ from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
+from psycopg_pool import PoolClosed
 
 from ledgerloop.db.connect import Conn
 from ledgerloop.db.sql import load_queries
@@ -119,6 +120,9 @@ class TextPublisher:
         self._thread.start()
         #: Statements written (the benchmark reads it).
         self.statements = 0
+        #: Set when the connections it writes through are gone for good (a closed pool):
+        #: the thread has ended, and a new publisher is needed.
+        self.closed = threading.Event()
 
     def open(self, run_id: str | uuid.UUID, step: str) -> CallText:
         return CallText(uuid.UUID(str(run_id)), step, self)
@@ -130,7 +134,7 @@ class TextPublisher:
     def _run(self) -> None:
         next_sweep = time.monotonic() + SWEEP_EVERY_S
         stop = False
-        while not stop:
+        while not stop and not self.closed.is_set():
             calls: list[CallText] = []
             wait = SWEEP_EVERY_S
             try:
@@ -187,6 +191,7 @@ class TextPublisher:
                 finally:
                     conn.autocommit = False
         except psycopg.Error as exc:
+            self._check_closed(exc)
             log.warning("dropping streamed text of %d model call(s): %s", len(calls), exc)
             for call in calls:
                 call.written += len(call.pending)
@@ -202,7 +207,15 @@ class TextPublisher:
                 finally:
                     conn.autocommit = False
         except psycopg.Error as exc:
-            log.warning("sweeping streamed text failed: %s", exc)
+            if not self._check_closed(exc):
+                log.warning("sweeping streamed text failed: %s", exc)
+
+    def _check_closed(self, exc: psycopg.Error) -> bool:
+        """A closed pool stays closed (its runtime ended): the thread ends too."""
+        if isinstance(exc, PoolClosed):
+            self.closed.set()
+            return True
+        return False
 
 
 def _rows(pieces: list[tuple[str, Any]], first: int) -> list[dict[str, Any]]:
