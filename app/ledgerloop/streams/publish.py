@@ -116,13 +116,13 @@ class TextPublisher:
     def __init__(self, connection: Callable[[], AbstractContextManager[Conn]]) -> None:
         self.connection = connection
         self.queue: queue.SimpleQueue[tuple[CallText, tuple[str, Any]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="ledgerloop-text", daemon=True)
-        self._thread.start()
         #: Statements written (the benchmark reads it).
         self.statements = 0
         #: Set when the connections it writes through are gone for good (a closed pool):
         #: the thread has ended, and a new publisher is needed.
         self.closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledgerloop-text", daemon=True)
+        self._thread.start()
 
     def open(self, run_id: str | uuid.UUID, step: str) -> CallText:
         return CallText(uuid.UUID(str(run_id)), step, self)
