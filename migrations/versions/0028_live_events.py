@@ -4,8 +4,8 @@ Typed durable events. A run's stream ids are its version (migration 0026): each 
 bumps it and records its event under it, in one statement. The events below are recorded
 the same way, each inside the statement that already writes what it reports, so they add no
 statement: `ledgerloop.run_event_append` bumps the version and inserts the event. Triggers
-call it for an approval's decision (`approval.decided`), an effect's creation and status
-changes (`effect.status`) and a message to the run (`message.received`); the step
+call it for an approval's decision (`approval.decided`) and a message to the run
+(`message.received`); the step
 checkpoint's statement (db/dbos_checkpoint.sql) records `step.finished` itself. Nothing is
 appended once the run is finished: its stream has closed with `run.finished`. The trigger
 functions are SECURITY DEFINER (the tenant scope role writing a message may not call
@@ -65,18 +65,6 @@ BEGIN
 END $$
 """
 
-_EFFECT = """
-CREATE FUNCTION ledgerloop.effect_event() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, ledgerloop AS $$
-BEGIN
-  PERFORM ledgerloop.run_event_append(NEW.run_id, 'effect.status', jsonb_build_object(
-    'idempotency_key', NEW.idempotency_key, 'tool', NEW.tool, 'status', NEW.status,
-    'previous', CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
-    'attempts', NEW.attempts, 'external_reference', NEW.external_reference));
-  RETURN NULL;
-END $$
-"""
-
 _MESSAGE = """
 CREATE FUNCTION ledgerloop.message_event() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, ledgerloop AS $$
@@ -90,14 +78,13 @@ END $$
 _FUNCTIONS = (
     "run_event_append(uuid, text, jsonb)",
     "approval_event()",
-    "effect_event()",
     "message_event()",
     "run_text_notify()",
 )
 
 
 def upgrade() -> None:
-    for create in (_APPEND, _APPROVAL, _EFFECT, _MESSAGE):
+    for create in (_APPEND, _APPROVAL, _MESSAGE):
         op.execute(create)
     op.execute(
         """
@@ -105,21 +92,6 @@ def upgrade() -> None:
         AFTER UPDATE OF status ON ledgerloop.approval
         FOR EACH ROW WHEN (OLD.status = 'pending' AND NEW.status <> 'pending')
         EXECUTE FUNCTION ledgerloop.approval_event()
-        """
-    )
-    op.execute(
-        """
-        CREATE TRIGGER effect_created_event
-        AFTER INSERT ON ledgerloop.activity_effect
-        FOR EACH ROW EXECUTE FUNCTION ledgerloop.effect_event()
-        """
-    )
-    op.execute(
-        """
-        CREATE TRIGGER effect_status_event
-        AFTER UPDATE OF status ON ledgerloop.activity_effect
-        FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
-        EXECUTE FUNCTION ledgerloop.effect_event()
         """
     )
     op.execute(
@@ -182,8 +154,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP TABLE ledgerloop.run_text")
     op.execute("DROP TRIGGER message_received_event ON ledgerloop.run_message")
-    op.execute("DROP TRIGGER effect_status_event ON ledgerloop.activity_effect")
-    op.execute("DROP TRIGGER effect_created_event ON ledgerloop.activity_effect")
     op.execute("DROP TRIGGER approval_decided_event ON ledgerloop.approval")
     for function in reversed(_FUNCTIONS):
         op.execute(f"DROP FUNCTION ledgerloop.{function}")

@@ -21,7 +21,7 @@ from ledgerloop.agent.definition import Agent, get_agent
 from ledgerloop.agent.keep import keep
 from ledgerloop.agent.memory import messages_load
 from ledgerloop.agent.stepping import db_call, pooled_autocommit
-from ledgerloop.agent.text_stream import current
+from ledgerloop.agent.text_stream import current, told
 from ledgerloop.db.connect import Conn
 from ledgerloop.faults import hit
 from ledgerloop.models.client import Tier
@@ -33,7 +33,7 @@ from ledgerloop.telemetry.executions import end_run_here, lost_call
 from ledgerloop.telemetry.runtrace import end_run, trace_headers
 from ledgerloop.tools.errors import NonRetryableToolError, RetryableToolError
 from ledgerloop.tools.payloads import offload_if_large
-from ledgerloop.tools.registry import Tool, ToolContext, ToolKind
+from ledgerloop.tools.registry import ToolContext, ToolKind
 
 
 def _require_agent(name: str) -> Agent:
@@ -451,6 +451,14 @@ def _as_text(value: Any) -> str:
 async def run_read_tool(
     run_id: str, tenant_id: str, step_name: str, agent_name: str, call: dict[str, Any]
 ) -> dict[str, Any]:
+    """`_read_tool`, its call and result told to the run's live stream."""
+    live = current(get_runtime(), run_id, step_name)
+    return await told(live, call, _read_tool(run_id, tenant_id, step_name, agent_name, call))
+
+
+async def _read_tool(
+    run_id: str, tenant_id: str, step_name: str, agent_name: str, call: dict[str, Any]
+) -> dict[str, Any]:
     """Validate, run with the policy's timeout and retries, offload a large result."""
     rt = get_runtime()
     agent = _require_agent(agent_name)
@@ -459,29 +467,6 @@ async def run_read_tool(
     # would only cost a write per turn (the step itself is in the journal and the timeline).
     tool = agent.tool(name)
     description = tool.description if tool is not None else None
-    live = current(rt, run_id, step_name)
-    if live is not None:
-        live.mark("tool.called", {"tool": name, "tool_call_id": call_id})
-    result = await _read_tool(rt, agent, run_id, tenant_id, step_name, call, tool, description)
-    if live is not None:
-        live.mark(
-            "tool.result",
-            {"tool": name, "tool_call_id": call_id, "is_error": bool(result.get("is_error"))},
-        )
-    return result
-
-
-async def _read_tool(
-    rt: Runtime,
-    agent: Agent,
-    run_id: str,
-    tenant_id: str,
-    step_name: str,
-    call: dict[str, Any],
-    tool: Tool | None,
-    description: str | None,
-) -> dict[str, Any]:
-    call_id, name = str(call["id"]), str(call["name"])
     with tool_span(
         name, call_id, run_id=run_id, step_name=step_name, description=description
     ) as span:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import wraps
 from typing import Any, TypeVar, cast
 
@@ -93,3 +93,16 @@ def current(rt: Runtime, run_id: str, step: str) -> CallText | None:
     with _lock:
         call = _live.get((run_id, step))
     return call if call is not None else _publisher(rt).open(run_id, step)
+
+
+async def told(
+    live: CallText | None, call: dict[str, Any], result: Awaitable[dict[str, Any]]
+) -> dict[str, Any]:
+    """A read tool's `result` (a tool_result block), its call and result told to `live`."""
+    if live is None:
+        return await result
+    what = {"tool": str(call["name"]), "tool_call_id": str(call["id"])}
+    live.mark("tool.called", what)
+    answer = await result
+    live.mark("tool.result", {**what, "is_error": bool(answer.get("is_error"))})
+    return answer

@@ -93,7 +93,7 @@ CHECKPOINT_PARAMS = frozenset(
         "application_name",
         "owner_xid",
         "answer_next",
-        "run_id",
+        "run_of_step",
     }
 )
 CHECKPOINT_COLUMNS = frozenset(
@@ -276,7 +276,9 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
             "owner_xid": owner,
             "answer_next": rider is not None,
             # A run's workflow has the run's id: its steps are events of the run's stream.
-            "run_id": _run_id(workflow_id),
+            # Not with a rider: its query may move the run, and a row updated twice in one
+            # statement keeps only the first update (the rider's would be lost).
+            "run_of_step": _run_id(workflow_id) if rider is None else None,
         }
 
         def attempt() -> None:

@@ -43,7 +43,7 @@ WITH owner AS (
   SET version = r.version + 1
   FROM written
   WHERE written.fresh
-    AND r.id = %(run_id)s::uuid
+    AND r.id = %(run_of_step)s::uuid
     AND r.status NOT IN ('succeeded', 'failed', 'cancelled')
     AND %(function_name)s::text NOT LIKE 'DBOS.%%'
   RETURNING r.id, r.tenant_id, r.version

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -155,6 +155,8 @@ class _Responder:
                 answer, outcome = _error(400, reason), "invalid"
             else:
                 answer, outcome = self._choose(request, len(raw), record)
+                if request.get("stream") and answer.status == 200:
+                    answer = replace(answer, stream=True)  # every 200 of a streamed request
             record.update(status=answer.status, outcome=outcome)
             self._records.append(record)
             if self._log_file is not None:
@@ -200,11 +202,7 @@ class _Responder:
         body = _message(reply, model, key, turn, size)
         outcome = "empty" if reply.empty else "message"
         return _Answer(
-            200,
-            body,
-            delay_s=reply.delay_ms / 1000,
-            stream=bool(request.get("stream")),
-            delta_delay_s=reply.delta_delay_ms / 1000,
+            200, body, delay_s=reply.delay_ms / 1000, delta_delay_s=reply.delta_delay_ms / 1000
         ), outcome
 
 
