@@ -33,7 +33,6 @@ TOOL_RESULT = "tool.result"
 #: `approval_requested`, `succeeded`, ...).
 STEP_FINISHED = "step.finished"
 APPROVAL_DECIDED = "approval.decided"
-EFFECT_STATUS = "effect.status"
 MESSAGE_RECEIVED = "message.received"
 
 EventType = Literal[
@@ -44,7 +43,6 @@ EventType = Literal[
     "tool.result",
     "step.finished",
     "approval.decided",
-    "effect.status",
     "message.received",
 ]
 
