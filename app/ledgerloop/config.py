@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     )
     model_cheap: str = "claude-haiku-4-5"
     model_strong: str = "claude-sonnet-4-6"
+    #: Stream each model call and publish its text as it is written to the run's event
+    #: stream (docs/streaming.md); off, model calls are made whole (messages.create).
+    stream_text: bool = True
     #: How long a sent model call may take; one that times out is never sent again.
     model_timeout_s: float = Field(default=240.0, gt=0, le=3600)
     #: Refused model calls (429, 529, connection refused) are tried this many times in all,

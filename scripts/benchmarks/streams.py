@@ -7,7 +7,8 @@ subscribers cost the database.
    one run, then 1,000 across 100 runs: database connections before and after, reads the
    hub made per status move, and transactions per second while every run is idle.
 
-First-delta latency (text deltas) is not measured: deltas are not built yet (issue 36).
+3. Text deltas (scripts/benchmarks/streams_text.py): a streamed turn against the same turn
+   unstreamed, and the first delta's latency from the model server to an SSE subscriber.
 """
 
 from __future__ import annotations

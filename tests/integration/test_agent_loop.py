@@ -89,8 +89,8 @@ def test_two_turn_run_with_a_read_tool(conn: Conn, scripted_model: Any, worker: 
     events = run_events(conn, run_id)
     assert [e.event_type for e in events] == ["received", "planning", "succeeded"]
     step_of = conn.execute(
-        "SELECT step FROM ledgerloop.agent_run_event WHERE run_id = %s AND sequence = 2",
-        (run_id,),
+        "SELECT step FROM ledgerloop.agent_run_event WHERE run_id = %s AND sequence = %s",
+        (run_id, events[-1].sequence),
     ).fetchone()
     assert step_of is not None
     assert step_of["step"] == "memory-save-1"

@@ -26,7 +26,7 @@ from scripts.benchmarks.results import KEYS, RESULTS_ENV, SMOKE_ENV, load
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "scripts" / "bench"
 #: Modules under scripts/benchmarks with a main that are not benches: a part of one, the report.
-HELPERS = {"restart_bare", "report"}
+HELPERS = {"restart_bare", "idle_bare", "report"}
 
 
 def _listed() -> list[str]:
@@ -38,7 +38,17 @@ def _listed() -> list[str]:
 
 BENCHES = _listed()
 #: Benches that start worker processes or many runs: seconds become tens of seconds.
-SLOW = {"dispatch", "takeover", "restart", "waiting_runs", "idle", "purge", "streams"}
+SLOW = {
+    "dispatch",
+    "takeover",
+    "restart",
+    "waiting_runs",
+    "idle",
+    "purge",
+    "streams",
+    "streams_text",
+    "model_limits",
+}
 
 
 def test_every_bench_module_is_listed() -> None:

@@ -15,6 +15,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from dbos import DBOS, StepOptions
 
 from ledgerloop.agent.keep import step_scope
+from ledgerloop.agent.text_stream import announced, ended
 from ledgerloop.db.connect import Conn
 from ledgerloop.failures import retry_transient
 from ledgerloop.faults import after_step
@@ -46,9 +47,12 @@ async def run_step(name: str, options: StepOptions, fn: Callable[..., Any], *arg
     fenced: it starts only while this worker may run steps (fleet.fence).
     """
     named: StepOptions = {**options, "name": name}
-    budget = get_runtime().settings.step_retry_budget_s
+    rt = get_runtime()
+    budget = rt.settings.step_retry_budget_s
     hold = Hold()
     body = retry_transient(fenced(fn, hold), budget, f"run {DBOS.workflow_id} step {name}")
+    # Its start goes to the run's live stream when it runs (not when the journal answers).
+    body = announced(rt, name, body)
     # What the body received (agent.keep) outlives a transient failure after it, and is
     # dropped once DBOS has recorded what the body returned.
     with step_scope() as recorded:
@@ -58,6 +62,7 @@ async def run_step(name: str, options: StepOptions, fn: Callable[..., Any], *arg
             # The body counts as under way until DBOS has recorded what it returned
             # (fleet.guard).
             hold.release()
+            ended(name)
         recorded()
     after_step(name)
     return result

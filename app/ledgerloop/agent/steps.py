@@ -21,6 +21,7 @@ from ledgerloop.agent.definition import Agent, get_agent
 from ledgerloop.agent.keep import keep
 from ledgerloop.agent.memory import messages_load
 from ledgerloop.agent.stepping import db_call, pooled_autocommit
+from ledgerloop.agent.text_stream import current, told
 from ledgerloop.db.connect import Conn
 from ledgerloop.faults import hit
 from ledgerloop.models.client import Tier
@@ -318,7 +319,7 @@ async def _ask(
     ) as recorder:
         # Kept for a retry of this step (agent.keep): the save after it failing on a
         # transient database error repeats the save, not the call.
-        answer = await keep("model", lambda: _call_model(rt, request))
+        answer = await keep("model", lambda: _call_model(rt, request, run_id, step_name))
         if isinstance(answer, Exception):
             exc = answer
             error = {"type": type(exc).__name__, "message": str(exc)[:500]}
@@ -350,15 +351,31 @@ async def _ask(
     return result, save
 
 
-async def _call_model(rt: Runtime, request: dict[str, Any]) -> dict[str, Any] | Exception:
+async def _call_model(
+    rt: Runtime, request: dict[str, Any], run_id: str, step_name: str
+) -> dict[str, Any] | Exception:
     """The one messages.create of a think step: the response, or the error it raised (kept
-    as well: a failed call is not asked again either, the step reports it)."""
+    as well: a failed call is not asked again either, the step reports it).
+
+    Streamed (settings.stream_text), its text deltas go to the run's subscribers as they
+    arrive (agent.text_stream), never to the journal: the step records the whole message."""
+    text = current(rt, run_id, step_name)
     try:
         # The chat span's context rides the request (W3C traceparent).
-        response: dict[str, Any] = await rt.model.create(**request, extra_headers=trace_headers())
+        response: dict[str, Any] = await rt.model.create(
+            **request, on_text=None if text is None else text.write, extra_headers=trace_headers()
+        )
     except Exception as exc:
         return exc
+    finally:
+        if text is not None:
+            # Its last batch commits before the step records anything (TEXT_DRAIN_S at most).
+            await text.drained(TEXT_DRAIN_S)
     return response
+
+
+#: How long a think step waits for its streamed text's last write before it goes on.
+TEXT_DRAIN_S = 1.0
 
 
 def answer_text(response: dict[str, Any]) -> str | None:
@@ -440,6 +457,14 @@ def _as_text(value: Any) -> str:
 
 
 async def run_read_tool(
+    run_id: str, tenant_id: str, step_name: str, agent_name: str, call: dict[str, Any]
+) -> dict[str, Any]:
+    """`_read_tool`, its call and result told to the run's live stream."""
+    live = current(get_runtime(), run_id, step_name)
+    return await told(live, call, _read_tool(run_id, tenant_id, step_name, agent_name, call))
+
+
+async def _read_tool(
     run_id: str, tenant_id: str, step_name: str, agent_name: str, call: dict[str, Any]
 ) -> dict[str, Any]:
     """Validate, run with the policy's timeout and retries, offload a large result."""

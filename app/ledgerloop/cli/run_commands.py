@@ -204,21 +204,37 @@ def runs_follow(
 ) -> None:
     """Print a run's events as they happen, until it finishes; resumes by itself after a
     dropped connection. Exit 0 when the run succeeded, 1 otherwise."""
-    from ledgerloop.client import FINISHED, ApiError, Client
+    from ledgerloop.client import FINISHED, TEXT_DELTA, ApiError, Client, TextSoFar
+
+    texts = TextSoFar()
+    writing = False  # text was printed and its line is not ended yet
+
+    def line(text: str) -> None:
+        nonlocal writing
+        if writing:
+            typer.echo()
+            writing = False
+        typer.echo(text)
 
     try:
         with Client(url, token) as api:
             for event in api.events(str(run_id), after=after):
-                if event.type == "text.delta":
-                    typer.echo(event.data.get("text", ""), nl=False)
+                if event.type == TEXT_DELTA:
+                    if texts.add(event):
+                        line(f"-- {event.step} runs again (attempt {event.attempt}): text anew")
+                    typer.echo(event.text, nl=False)
+                    writing = True
                 elif event.type == FINISHED:
                     status = event.data.get("status")
-                    typer.echo(f"run {run_id} finished: {status}")
+                    line(f"run {run_id} finished: {status}")
                     raise typer.Exit(0 if status == "succeeded" else 1)
+                elif event.durable:
+                    where = f" ({event.step})" if event.step else ""
+                    line(f"#{event.id} {event.type}{where}")
                 else:
-                    step = event.data.get("step")
-                    where = f" ({step})" if step else ""
-                    typer.echo(f"#{event.id} {event.type}{where}")
+                    detail = event.data.get("tool")
+                    what = f" {detail}" if detail else ""
+                    line(f"   {event.type} {event.step} attempt {event.attempt}{what}")
     except ApiError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

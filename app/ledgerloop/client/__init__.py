@@ -2,6 +2,11 @@
 start a run, iterate its events with automatic resume, send a running agent a message,
 approve or reject.
 
+Each `Event` says whether it is durable (an `id`, resumable) or live (no id: a step's
+start, a read tool's call and result, the model's text as it is written), and gives its
+step, attempt and text typed. `TextSoFar` assembles each step's text from the deltas and
+starts a step's text over when it runs again under a new attempt.
+
 `events()` follows GET /v1/runs/{id}/events (docs/streaming.md) and reconnects by itself
 when the connection drops, sending `Last-Event-ID` so no durable event is seen twice or
 missed; it ends after `run.finished`.
@@ -21,14 +26,90 @@ import httpx
 
 #: The stream's last event (docs/streaming.md).
 FINISHED = "run.finished"
+#: Live events (no id): the model's text as written, a step execution's start, a read tool.
+TEXT_DELTA = "text.delta"
+STEP_STARTED = "step.started"
+TOOL_CALLED = "tool.called"
+TOOL_RESULT = "tool.result"
+#: Durable events beside the run's status moves (`received`, `planning`, `executing`,
+#: `approval_requested`, `succeeded`, ...).
+STEP_FINISHED = "step.finished"
+APPROVAL_DECIDED = "approval.decided"
+MESSAGE_RECEIVED = "message.received"
+
+EventType = Literal[
+    "run.finished",
+    "text.delta",
+    "step.started",
+    "tool.called",
+    "tool.result",
+    "step.finished",
+    "approval.decided",
+    "message.received",
+]
 
 
 @dataclass(frozen=True)
 class Event:
     #: The per-run sequence of a durable event; None for one that is not recorded.
     id: int | None
+    #: One of EventType, or the name of a status move (`received`, `planning`, ...).
     type: str
     data: dict[str, Any]
+
+    @property
+    def durable(self) -> bool:
+        """Recorded (resumable from its id); a live event is not sent again on resume."""
+        return self.id is not None
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """A durable event's recorded payload ({} for a live one)."""
+        payload = self.data.get("payload")
+        return payload if isinstance(payload, dict) else {}
+
+    @property
+    def step(self) -> str | None:
+        """The step the event is about: a live event's, a step.finished's, or the step
+        that recorded a status move."""
+        step = self.data.get("step") or self.payload.get("step")
+        return step if isinstance(step, str) else None
+
+    @property
+    def attempt(self) -> int | None:
+        """A live event's attempt of its step (1, 2, ...: a step cut off and run again
+        publishes under the next one)."""
+        attempt = self.data.get("attempt")
+        return attempt if isinstance(attempt, int) else None
+
+    @property
+    def text(self) -> str:
+        """A text.delta's text ("" for any other event)."""
+        text = self.data.get("text") if self.type == TEXT_DELTA else None
+        return text if isinstance(text, str) else ""
+
+
+class TextSoFar:
+    """Each step's text from the deltas, the partial text of an earlier attempt dropped."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, tuple[int, str]] = {}
+
+    def add(self, event: Event) -> bool:
+        """Take a text.delta (other events are ignored). True when it starts the step's text
+        over: the step runs again and the text shown so far is void."""
+        step, attempt = event.step, event.attempt
+        if event.type != TEXT_DELTA or step is None or attempt is None:
+            return False
+        known, text = self._texts.get(step, (attempt, ""))
+        if attempt < known:
+            return False  # a late delta of an attempt already superseded
+        restarted = attempt > known and text != ""
+        self._texts[step] = (attempt, ("" if attempt > known else text) + event.text)
+        return restarted
+
+    def text(self, step: str) -> str:
+        return self._texts.get(step, (0, ""))[1]
 
 
 class ApiError(Exception):

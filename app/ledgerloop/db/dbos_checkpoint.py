@@ -38,6 +38,7 @@ import functools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, LiteralString, Protocol
@@ -92,6 +93,7 @@ CHECKPOINT_PARAMS = frozenset(
         "application_name",
         "owner_xid",
         "answer_next",
+        "run_of_step",
     }
 )
 CHECKPOINT_COLUMNS = frozenset(
@@ -273,6 +275,10 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
             "application_name": sys_db.app_name,
             "owner_xid": owner,
             "answer_next": rider is not None,
+            # A run's workflow has the run's id: its steps are events of the run's stream.
+            # Not with a rider: its query may move the run, and a row updated twice in one
+            # statement keeps only the first update (the rider's would be lost).
+            "run_of_step": _run_id(workflow_id) if rider is None else None,
         }
 
         def attempt() -> None:
@@ -313,6 +319,13 @@ def checkpoint(sys_db: Any, pool: ConnectionPool[Any], original: Checkpoint) -> 
         original(result, completed_at_epoch_ms=completed_at, owner_xid=owner_xid)
 
     return record
+
+
+def _run_id(workflow_id: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(workflow_id)
+    except ValueError:
+        return None
 
 
 def _with_rider(

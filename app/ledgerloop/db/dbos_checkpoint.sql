@@ -33,7 +33,33 @@ WITH owner AS (
      OR (SELECT owner_xid FROM owner) IS NOT DISTINCT FROM %(owner_xid)s::text
   ON CONFLICT (workflow_uuid, function_id)
     DO UPDATE SET completed_at_epoch_ms = dbos.operation_outputs.completed_at_epoch_ms
-  RETURNING completed_at_epoch_ms
+  -- xmax 0: inserted now, not found (a retry of a commit whose answer was lost).
+  RETURNING completed_at_epoch_ms, xmax = 0 AS fresh
+), stepped AS (
+  -- A run's step, recorded now: the run's next event (its version, as a status move takes)
+  -- is `step.finished`, in this statement (migration 0028, docs/streaming.md). Not once the
+  -- run is finished (its stream has closed), and not DBOS's own operations (sleep, recv).
+  UPDATE ledgerloop.agent_run r
+  SET version = r.version + 1
+  FROM written
+  WHERE written.fresh
+    AND r.id = %(run_of_step)s::uuid
+    AND r.status NOT IN ('succeeded', 'failed', 'cancelled')
+    AND %(function_name)s::text NOT LIKE 'DBOS.%%'
+  RETURNING r.id, r.tenant_id, r.version
+), step_event AS (
+  INSERT INTO ledgerloop.agent_run_event (run_id, tenant_id, sequence, event_type, payload)
+  SELECT id, tenant_id, version, 'step.finished',
+         jsonb_build_object(
+           'step', %(function_name)s::text,
+           'function_id', %(function_id)s::int,
+           'started_at_ms', %(started_at_epoch_ms)s::bigint,
+           'completed_at_ms', %(completed_at_epoch_ms)s::bigint,
+           'error', %(error)s::text IS NOT NULL,
+           -- The attempt its live events went out under, when it published any.
+           'attempt', (SELECT max(t.attempt) FROM ledgerloop.run_text t
+                       WHERE t.run_id = stepped.id AND t.step = %(function_name)s::text))
+  FROM stepped
 ), rider AS (
   SELECT ridden.* FROM written CROSS JOIN LATERAL (
     SELECT * FROM (

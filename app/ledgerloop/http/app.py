@@ -38,7 +38,7 @@ from ledgerloop.http.errors import (
 from ledgerloop.http.page import router as page_router
 from ledgerloop.http.routes_approvals import router as approvals_router
 from ledgerloop.http.routes_effects import router as effects_router
-from ledgerloop.http.routes_events import READS_AT_ONCE, read_as_owner
+from ledgerloop.http.routes_events import READS_AT_ONCE, read_as_owner, read_text_as_owner
 from ledgerloop.http.routes_events import router as events_router
 from ledgerloop.http.routes_messages import router as messages_router
 from ledgerloop.http.routes_runs import router as runs_router
@@ -104,7 +104,8 @@ def create_app(
         if source is None:
             source = listener = PgListener(database_url)
         app.state.stream_reads = asyncio.Semaphore(READS_AT_ONCE)
-        app.state.hub, app.state.closing = RunEventHub(source, read_as_owner(app)), asyncio.Event()
+        app.state.hub = RunEventHub(source, read_as_owner(app), read_text_as_owner(app))
+        app.state.closing = asyncio.Event()
         app.state.hub.start()
         try:
             yield

@@ -23,8 +23,8 @@ from ledgerloop.errors import LedgerloopError
 from ledgerloop.http.auth import bearer
 from ledgerloop.http.errors import responses
 from ledgerloop.runs.store import RunNotFound
-from ledgerloop.streams.feed import Page, StreamEvent, finished_event, read_page
-from ledgerloop.streams.hub import Reader, RunEventHub
+from ledgerloop.streams.feed import Page, StreamEvent, finished_event, read_page, read_text
+from ledgerloop.streams.hub import Reader, RunEventHub, TextReader
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
@@ -80,6 +80,21 @@ def read_as_owner(app: FastAPI) -> Reader:
             return read_page(conn, run_id, after)
 
     async def reader(run_id: uuid.UUID, after: int) -> Page | None:
+        async with app.state.stream_reads:
+            return await asyncio.to_thread(read, run_id, after)
+
+    return reader
+
+
+def read_text_as_owner(app: FastAPI) -> TextReader:
+    """The hub's reader of model text, as the owner (like `read_as_owner`)."""
+
+    def read(run_id: uuid.UUID, after: int | None) -> list[tuple[int, StreamEvent]]:
+        with app.state.pool.connection() as conn:
+            conn.autocommit = True
+            return read_text(conn, run_id, after)
+
+    async def reader(run_id: uuid.UUID, after: int | None) -> list[tuple[int, StreamEvent]]:
         async with app.state.stream_reads:
             return await asyncio.to_thread(read, run_id, after)
 
@@ -149,6 +164,8 @@ async def events(
                     yield b": keepalive\n\n"
                     continue
                 sub.wake.clear()
+                for event in hub.take_text(sub):
+                    yield event.sse()
                 taken: list[StreamEvent] | None = hub.take(sub)
                 if taken is None:  # fell behind the shared buffer: its own read
                     gap = await reader(run_id, sub.cursor)
@@ -160,6 +177,9 @@ async def events(
                     sub.cursor = event.id if event.id is not None else sub.cursor
                 status = hub.finished(sub)
                 if status is not None:
+                    await hub.text_settled(sub)
+                    for event in hub.take_text(sub):
+                        yield event.sse()
                     yield finished_event(run_id, status, sub.cursor).sse()
                     return
         finally:

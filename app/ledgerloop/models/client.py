@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
@@ -157,8 +158,13 @@ class ModelClient:
         for client in clients:
             await client.close()
 
-    async def create(self, **request: Any) -> dict[str, Any]:
+    async def create(
+        self, *, on_text: Callable[[str], None] | None = None, **request: Any
+    ) -> dict[str, Any]:
         """One messages.create; the whole response (tool_use blocks included) as JSON data.
+
+        With `on_text`, the call streams (`messages.stream`): each text delta is handed to
+        `on_text` as it arrives, and the answer is the same whole message, accumulated.
 
         A refusal (429, 529, connection refused) is tried again after the server's
         Retry-After (or a doubling backoff), each wait capped, within `retry.max_attempts`;
@@ -175,7 +181,7 @@ class ModelClient:
             if self.limiter is not None:
                 waited += await self.limiter.before_call(tier, request)
             try:
-                message = await self._send(request)
+                data = await self._send(request, on_text)
             except Exception as exc:
                 wait = refusal_wait(exc, attempt, self.retry)
                 if wait is None or attempt >= self.retry.max_attempts:
@@ -193,12 +199,13 @@ class ModelClient:
                 )
                 await asyncio.sleep(wait)
                 continue
-            data: dict[str, Any] = message.model_dump(mode="json")
             if waited > 0:
                 data["rate_limit_wait_s"] = round(waited, 3)
             return data
 
-    async def _send(self, request: dict[str, Any]) -> anthropic.types.Message:
+    async def _send(
+        self, request: dict[str, Any], on_text: Callable[[str], None] | None
+    ) -> dict[str, Any]:
         # The least busy pool; the first on a tie, so calls one at a time share a connection.
         loads = self._in_flight
         index = loads.index(min(loads))
@@ -206,10 +213,70 @@ class ModelClient:
             self._clients.append(self.new_client())
         loads[index] += 1
         try:
-            message: anthropic.types.Message = await self._clients[index].messages.create(**request)
-            return message
+            client = self._clients[index]
+            if on_text is None:
+                message = await client.messages.create(**request)
+                data: dict[str, Any] = message.model_dump(mode="json")
+                return data
+            # A refusal raises here, before any text: it is retried like create's. The
+            # events are read as the JSON they are (no SDK object per event).
+            streaming = client.messages.with_streaming_response.create(**request, stream=True)
+            async with streaming as response:
+                return await _accumulate(response.iter_lines(), on_text)
         finally:
             loads[index] -= 1
+
+
+class StreamCutOff(Exception):
+    """A streamed model call ended before its message did, or with an error event."""
+
+
+async def _accumulate(lines: AsyncIterator[str], on_text: Callable[[str], None]) -> dict[str, Any]:
+    """A streamed message (Server-Sent Events lines) as the whole message `create` returns
+    (its JSON data), each text delta handed to `on_text` as it arrives. It reads the events'
+    JSON as is: the SDK's own stream makes an object per event and rebuilds a snapshot of
+    the message at each, a cost a turn with a handful of calls notices."""
+    message: dict[str, Any] = {}
+    blocks: list[dict[str, Any]] = []
+    texts: list[list[str]] = []
+    for_tool: list[list[str]] = []
+    stopped = False
+    async for line in lines:
+        if not line.startswith("data:"):
+            continue
+        event = json.loads(line[5:])
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            delta, index = event["delta"], event["index"]
+            if delta["type"] == "text_delta":
+                texts[index].append(delta["text"])
+                on_text(delta["text"])
+            elif delta["type"] == "input_json_delta":
+                for_tool[index].append(delta["partial_json"])
+        elif kind == "content_block_start":
+            blocks.append(event["content_block"])
+            texts.append([])
+            for_tool.append([])
+        elif kind == "message_start":
+            message = event["message"]
+        elif kind == "message_delta":
+            message.update(event.get("delta") or {})
+            message["usage"] = {**message.get("usage", {}), **(event.get("usage") or {})}
+        elif kind == "message_stop":
+            stopped = True
+        elif kind == "error":
+            error = event.get("error") or {}
+            raise StreamCutOff(f"{error.get('type', 'error')}: {error.get('message', '')}")
+    if not stopped:
+        # Cut off without an error (the connection closed early): not a whole message.
+        raise StreamCutOff("the model's stream ended before message_stop")
+    for block, text, partial in zip(blocks, texts, for_tool, strict=True):
+        if block.get("type") == "text":
+            block["text"] = block.get("text", "") + "".join(text)
+        elif partial:
+            block["input"] = json.loads("".join(partial))
+    message["content"] = blocks
+    return message
 
 
 def make_model_client(settings: Settings) -> ModelClient:

@@ -61,6 +61,8 @@ class Reply(_Strict):
     message: str | None = None
     output_tokens: int | None = Field(default=None, ge=0)
     delay_ms: int = Field(default=0, ge=0)
+    #: A streamed answer's pause before each text delta after the first (a slow writer).
+    delta_delay_ms: int = Field(default=0, ge=0)
     retry_after_s: int | None = Field(default=None, ge=0, le=3600)
 
     @field_validator("tool_use", mode="before")

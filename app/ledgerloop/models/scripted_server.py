@@ -1,9 +1,11 @@
 """A scripted Anthropic Messages API server for the agent loop, the demo and the tests.
 
-It speaks enough of ``POST /v1/messages`` (non-streaming) for the real ``anthropic`` SDK to parse
-its replies, answers from a YAML script (see ``ledgerloop.models.script``) and records every
-request. ``GET /_requests`` returns the record; ``POST /_reset`` clears it and the error-attempt
-counters.
+It speaks enough of ``POST /v1/messages`` for the real ``anthropic`` SDK to parse its replies,
+plain or streamed (``"stream": true``: the Server-Sent Events the real API sends, message_start
+to message_stop, text split into word deltas, chunked transfer encoding), answers from a YAML
+script (see ``ledgerloop.models.script``) and records every request. ``GET /_requests`` returns
+the record; ``POST /_reset`` clears it and the error-attempt counters; ``GET /_first_deltas``
+says when each streamed answer's first text delta went out (a benchmark's clock).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import signal
 import socket
 import sys
@@ -21,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -52,6 +55,10 @@ class _Answer:
     body: JSON | list[JSON]
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    #: Sent as Server-Sent Events (a 200 to a request with `"stream": true`).
+    stream: bool = False
+    #: A streamed answer's pause before each text delta after the first.
+    delta_delay_s: float = 0.0
 
 
 def _error(
@@ -89,8 +96,8 @@ def _invalid_reason(request: object) -> str | None:
     max_tokens = request.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
         return "max_tokens: field required (an integer)"
-    if request.get("stream"):
-        return "stream: the scripted model server only answers non-streaming requests"
+    if not isinstance(request.get("stream", False), bool):
+        return "stream: must be a boolean"
     return None
 
 
@@ -156,6 +163,8 @@ class _Responder:
                 answer, outcome = limited, "rate_limited"
             else:
                 answer, outcome = self._choose(request, len(raw), record)
+                if request.get("stream") and answer.status == 200:
+                    answer = replace(answer, stream=True)  # every 200 of a streamed request
             record.update(status=answer.status, outcome=outcome)
             self._records.append(record)
             if self._log_file is not None:
@@ -213,7 +222,9 @@ class _Responder:
             reply = reply.then
         body = _message(reply, model, key, turn, size)
         outcome = "empty" if reply.empty else "message"
-        return _Answer(200, body, delay_s=reply.delay_ms / 1000), outcome
+        return _Answer(
+            200, body, delay_s=reply.delay_ms / 1000, delta_delay_s=reply.delta_delay_ms / 1000
+        ), outcome
 
 
 def _message(reply: Reply, model: str, key: str, turn: int, request_size: int) -> JSON:
@@ -247,6 +258,52 @@ def _message(reply: Reply, model: str, key: str, turn: int, request_size: int) -
     }
 
 
+def _text_pieces(text: str) -> list[str]:
+    """A text as the deltas a streamed answer sends: a word and the space after it each."""
+    return re.findall(r"\s*\S+\s*", text) or [text]
+
+
+def stream_events(message: JSON) -> list[tuple[str, JSON]]:
+    """A whole message as the streamed Messages API sends it: message_start (no content, the
+    input usage), per block a content_block_start, its deltas and a content_block_stop, then
+    message_delta (stop reason, output usage) and message_stop."""
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+    start["usage"] = {**message["usage"], "output_tokens": 1}
+    events: list[tuple[str, JSON]] = [
+        ("message_start", {"type": "message_start", "message": start})
+    ]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            opened: JSON = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": t} for t in _text_pieces(block["text"])]
+        else:
+            opened = {**block, "input": {}}
+            deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": opened},
+            )
+        )
+        events += [
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+            for d in deltas
+        ]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": message["usage"]["output_tokens"]},
+            },
+        )
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
@@ -258,6 +315,9 @@ class _HTTPServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.responder = responder
         self.stopping = threading.Event()
+        #: When each streamed answer's first text delta was written (time.time()): the
+        #: benchmark's start for the first-delta latency.
+        self.first_deltas: list[float] = []
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
 
@@ -293,8 +353,11 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
 
     def do_GET(self) -> None:
-        if urlsplit(self.path).path == "/_requests":
+        path = urlsplit(self.path).path
+        if path == "/_requests":
             self._send(_Answer(200, self.server.responder.records()))
+        elif path == "/_first_deltas":
+            self._send(_Answer(200, {"sent": self.server.first_deltas}))
         else:
             self._send(_error(404, f"no route for GET {self.path}"))
 
@@ -307,7 +370,10 @@ class _Handler(BaseHTTPRequestHandler):
             if answer.delay_s and self.server.stopping.wait(answer.delay_s):
                 self.close_connection = True  # shutting down: drop the slow reply
                 return
-            self._send(answer)
+            if answer.stream and answer.status == 200:
+                self._send_stream(answer)
+            else:
+                self._send(answer)
         elif path == "/_reset":
             self.server.responder.reset()
             self._send(_Answer(200, {"reset": True}))
@@ -326,6 +392,50 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             # The client gave up (a timeout, usually); the request is already recorded.
+            self.close_connection = True
+
+    def _flush(self, frames: list[bytes], first_at: int | None) -> None:
+        """Write the frames made so far in one send (and note when the first text delta
+        went out, when it is among them)."""
+        if frames:
+            self.wfile.write(b"".join(frames))
+            self.wfile.flush()
+            if first_at is not None:
+                self.server.first_deltas.append(time.time())
+            frames.clear()
+
+    def _send_stream(self, answer: _Answer) -> None:
+        """The answer as Server-Sent Events, one chunk (of chunked encoding) per event.
+        Events made together go out in one write, as a network would coalesce them; a slow
+        writer's (`delta_delay_ms`) are written before each pause: a client sees the first
+        delta before the last."""
+        assert isinstance(answer.body, dict)
+        try:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("cache-control", "no-cache")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            text_deltas = 0
+            first_at: int | None = None  # the first text delta's place in `frames`
+            frames: list[bytes] = []
+            for name, data in stream_events(answer.body):
+                if data.get("delta", {}).get("type") == "text_delta":
+                    text_deltas += 1
+                    pause = answer.delta_delay_s if text_deltas > 1 else 0.0
+                    if pause:
+                        self._flush(frames, first_at)
+                        first_at = None
+                        if self.server.stopping.wait(pause):
+                            self.close_connection = True
+                            return
+                    if text_deltas == 1:
+                        first_at = len(frames)
+                frame = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+                frames.append(b"%x\r\n%s\r\n" % (len(frame), frame))
+            frames.append(b"0\r\n\r\n")
+            self._flush(frames, first_at)
+        except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -402,6 +512,10 @@ class ScriptedModelServer:
     def reset(self) -> None:
         """Clear the recorded requests and the error-attempt counters."""
         self._responder.reset()
+
+    def first_deltas(self) -> list[float]:
+        """When each streamed answer's first text delta went out (time.time()), in order."""
+        return list(self._httpd.first_deltas) if self._httpd is not None else []
 
     def __enter__(self) -> Self:
         return self.start()

@@ -40,16 +40,19 @@ RETURNING id, tenant_id, agent, status, state, input, idempotency_key, version,
           created_at, updated_at
 
 -- name: run_event_last
+-- The run's status moves only: the typed events of its stream (a dot in their names:
+-- step.finished, approval.decided, ..., migration 0028) are not moves.
 SELECT sequence, event_type, payload, created_at
 FROM ledgerloop.agent_run_event
-WHERE run_id = %(run_id)s
+WHERE run_id = %(run_id)s AND event_type NOT LIKE '%%.%%'
 ORDER BY sequence DESC
 LIMIT 1
 
 -- name: run_events
+-- The run's status moves (its history); the stream (streams/queries.sql) reads them all.
 SELECT sequence, event_type, payload, created_at
 FROM ledgerloop.agent_run_event
-WHERE run_id = %(run_id)s
+WHERE run_id = %(run_id)s AND event_type NOT LIKE '%%.%%'
 ORDER BY sequence
 
 -- name: run_list

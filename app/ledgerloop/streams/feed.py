@@ -26,6 +26,8 @@ PAGE = 500
 FINISHED = "run.finished"
 #: Text as the model writes it (not durable; tagged with the step and its attempt).
 TEXT_DELTA = "text.delta"
+#: A step execution's body started (not durable; its step and attempt).
+STEP_STARTED = "step.started"
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,49 @@ def durable_event(run_id: uuid.UUID, row: dict[str, Any]) -> StreamEvent:
             "at": at.isoformat(),
         },
     )
+
+
+#: The live events a worker publishes (run_text.kind) and their stream type.
+LIVE_TYPES = {
+    "text": TEXT_DELTA,
+    "tool.called": "tool.called",
+    "tool.result": "tool.result",
+}
+
+
+def text_event(run_id: uuid.UUID, row: dict[str, Any]) -> StreamEvent:
+    """A live event (not durable: no id, so resuming is unaffected): a batch of a model
+    call's text, a read tool's call or result. Each names its
+    step and attempt: a step cut off and run again publishes under the next attempt."""
+    data: dict[str, Any] = {
+        "run_id": str(run_id),
+        "step": row["step"],
+        "attempt": row["attempt"],
+        "seq": row["seq"],
+    }
+    if row["kind"] == "text":
+        data["text"] = row["text"]
+    else:
+        data.update(row["data"] or {})
+    return StreamEvent(type=LIVE_TYPES.get(row["kind"], row["kind"]), data=data)
+
+
+def started_event(first: dict[str, Any]) -> StreamEvent:
+    """A step execution's start, told by the first live event it published."""
+    keys = ("run_id", "step", "attempt")
+    return StreamEvent(type=STEP_STARTED, data={k: first[k] for k in keys})
+
+
+def read_text(
+    conn: Conn, run_id: uuid.UUID, after: int | None, limit: int = PAGE
+) -> list[tuple[int, StreamEvent]]:
+    """The run's text deltas after the row `after` (one statement); with None, the text of
+    its latest streamed call so far. Each with its row id (the feed's cursor)."""
+    if after is None:
+        rows = conn.execute(Q["text_current"], {"run_id": run_id, "limit": limit})
+    else:
+        rows = conn.execute(Q["text_since"], {"run_id": run_id, "after": after, "limit": limit})
+    return [(row["id"], text_event(run_id, row)) for row in rows.fetchall()]
 
 
 def finished_event(run_id: uuid.UUID, status: RunStatus, version: int) -> StreamEvent:
