@@ -14,7 +14,7 @@ Revises: 0027
 from alembic import op
 
 revision = "0032"
-down_revision = "0033"
+down_revision = "0031"
 branch_labels = None
 depends_on = None
 

@@ -111,6 +111,7 @@ def running(*procs: subprocess.Popen[bytes]) -> None:
 def main() -> None:
     with counting_cluster() as local, scripted("default: {turns: [{text: done}]}") as model:
         admin = local.url
+        results.used_database(admin)
         factory = DatabaseFactory(admin)
         url = factory.create()
         with psycopg.connect(admin, autocommit=True) as conn:
@@ -182,7 +183,9 @@ def main() -> None:
             print(f"    {calls:>6}  {query}")
     bare_n = counted.get(theirs, (0, 0))[0] / elapsed
     results.publish(
-        "idle", __doc__, results.Baseline("bare DBOS idle, statements/s", bare_n, "statements/s")
+        "idle",
+        __doc__,
+        results.Baseline("bare DBOS idle, statements/s", bare_n, "statements/s"),
     )
 
 

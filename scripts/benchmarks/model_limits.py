@@ -23,7 +23,7 @@ from scripts.benchmarks import results
 from scripts.benchmarks.common import database, report
 from scripts.benchmarks.fleet import executors, fleet_env
 
-RUNS = int(results.size("BENCH_MODEL_LIMITS_RUNS", "200", "20"))
+RUNS = int(results.size("BENCH_MODEL_LIMITS_RUNS", "200", "6"))
 LIMIT = 600
 WORKERS = 3
 
@@ -39,8 +39,6 @@ def main() -> None:
             url,
             ANTHROPIC_BASE_URL=model.url,
             LEDGERLOOP_MODEL_RPM=str(LIMIT),
-            LEDGERLOOP_POOL_SIZE="4",
-            LEDGERLOOP_DBOS_POOL_SIZE="6",
         )
         logs = [Path(tmp) / f"w{i}.log" for i in range(WORKERS)]
         procs = [start_worker(env, log=log) for log in logs]

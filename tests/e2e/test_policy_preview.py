@@ -21,12 +21,12 @@ from ledgerloop.runs.states import RunStatus
 from ledgerloop.testing.postgres import wait_until
 from tests.conftest import start_test_run, wait_terminal
 from tests.e2e.conftest import MakeToken, bearer
-from tests.e2e.test_approval_page import browser, page, sign_in
+from tests.e2e.test_approval_page import page, sign_in
 from tests.integration.conftest import tickets, worker
 from tests.support.refund_policy import REFUND_MODULES, write_refund_policy
 
 pytestmark = pytest.mark.e2e
-__all__ = ["browser", "page", "tickets", "worker"]  # fixtures shared with other modules
+__all__ = ["page", "tickets", "worker"]  # fixtures shared with other modules
 
 SCRIPT = """
 default:

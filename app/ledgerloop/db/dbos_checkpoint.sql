@@ -37,7 +37,7 @@ WITH owner AS (
   RETURNING completed_at_epoch_ms, xmax = 0 AS fresh
 ), stepped AS (
   -- A run's step, recorded now: the run's next event (its version, as a status move takes)
-  -- is `step.finished`, in this statement (migration 0028, docs/streaming.md). Not once the
+  -- is `step.finished`, in this statement (migration 0033, docs/streaming.md). Not once the
   -- run is finished (its stream has closed), and not DBOS's own operations (sleep, recv).
   UPDATE ledgerloop.agent_run r
   SET version = r.version + 1

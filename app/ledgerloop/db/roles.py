@@ -35,7 +35,7 @@ SCOPE_TABLE_RIGHTS = {
     "outbox": "SELECT, INSERT, UPDATE",
     "approval": "SELECT",
     "run_message": "SELECT, INSERT",
-    # Operators list, pause, resume and trigger a tenant's schedules (migration 0034).
+    # Operators list, pause, resume and trigger a tenant's schedules (migration 0029).
     "schedule": "SELECT, UPDATE",
 }
 #: Functions a scoped statement calls (policies read current_tenant).

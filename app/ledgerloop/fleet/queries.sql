@@ -147,7 +147,7 @@ moved AS (
 -- A dead peer that last heartbeat on another timeline than the server's now (%(timeline)s):
 -- it died with a primary that failed over and never ran the rewind check, so what it
 -- delivered may have no record here. Its runs are named in run_rewound (migrations 0027,
--- 0033): their writes are found again by their key before any send.
+-- 0031): their writes are found again by their key before any send.
 rewound AS (
   INSERT INTO ledgerloop.run_rewound (run_id, timeline)
   SELECT DISTINCT m.workflow_uuid::uuid, %(timeline)s::int

@@ -2,7 +2,7 @@
 
 `LEDGERLOOP_MODEL_RPM` and `LEDGERLOOP_MODEL_INPUT_TPM` (and `..._CHEAP` / `..._STRONG` for
 one tier) are the provider's limits, which every worker's calls share. Each limit is a token
-bucket row (migration 0035): before a model call, one UPDATE takes the call's share (one
+bucket row (migration 0030): before a model call, one UPDATE takes the call's share (one
 request, its estimated input tokens) from every row that applies and returns how long the
 row is in debt; the call waits that long on the event loop (an `await`, holding no thread),
 then is sent. The debt orders the fleet's calls at the limit's pace without a second round

@@ -1,4 +1,4 @@
--- The fleet's model limits (migration 0035, models/limits.py).
+-- The fleet's model limits (migration 0030, models/limits.py).
 
 -- name: budget_declare
 -- A worker starting with a limit configured: the limit as its settings say (the last worker

@@ -41,7 +41,7 @@ RETURNING id, tenant_id, agent, status, state, input, idempotency_key, version,
 
 -- name: run_event_last
 -- The run's status moves only: the typed events of its stream (a dot in their names:
--- step.finished, approval.decided, ..., migration 0028) are not moves.
+-- step.finished, approval.decided, ..., migration 0033) are not moves.
 SELECT sequence, event_type, payload, created_at
 FROM ledgerloop.agent_run_event
 WHERE run_id = %(run_id)s AND event_type NOT LIKE '%%.%%'
@@ -56,7 +56,7 @@ WHERE run_id = %(run_id)s AND event_type NOT LIKE '%%.%%'
 ORDER BY sequence
 
 -- name: run_list
--- One keyset page, newest first (migration 0030's indexes): after the cursor's
+-- One keyset page, newest first (migration 0028's indexes): after the cursor's
 -- (created_at, id), never an offset. Run unprepared (runs/store.py), so each absent filter
 -- folds away and the page is one index range scan.
 SELECT id, tenant_id, agent, status, state, input, idempotency_key, version,

@@ -1,4 +1,4 @@
--- The schedule store's queries (migration 0034). Every write to ledgerloop.schedule is here.
+-- The schedule store's queries (migration 0029). Every write to ledgerloop.schedule is here.
 
 -- name: schedule_lock
 -- A worker starting with a schedule in its code: its row, locked while the code's copy of

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 #: Where the run event trigger (migration 0026) notifies: `run_id:sequence`.
 CHANNEL = "ledgerloop_run_events"
-#: Where the model text trigger (migration 0028) notifies: `run_id:id` (a `run_text` row).
+#: Where the model text trigger (migration 0033) notifies: `run_id:id` (a `run_text` row).
 TEXT_CHANNEL = "ledgerloop_run_text"
 
 #: Text events a subscriber may have waiting; past it the oldest are dropped (and it is told:

@@ -5,7 +5,7 @@ Each step execution has a `CallText`: each text delta of a streamed model call (
 each read tool's call and result (`mark`) are queue puts: the step never waits on the
 database for them. One thread per process writes what has
 queued since its last write, one statement per step execution with something pending
-(migration 0028's trigger then notifies `run_id:id` on commit). While a statement is in
+(migration 0033's trigger then notifies `run_id:id` on commit). While a statement is in
 flight the next items gather, so a fast model costs a statement per round trip, not per
 delta. The first write of an execution numbers its attempt (1, 2, ... per run and step).
 

@@ -20,7 +20,7 @@ ORDER BY e.sequence
 -- What one step execution published since the last write (streams/publish.py): text deltas,
 -- its start, its tools' calls and results, in order, one statement. The first write of an
 -- execution takes the next attempt of its step (%(attempt)s null), the later ones name
--- theirs. The trigger (migration 0028) notifies `run_id:id` on commit.
+-- theirs. The trigger (migration 0033) notifies `run_id:id` on commit.
 WITH prior AS (
   SELECT coalesce(max(attempt), 0) + 1 AS next
   FROM ledgerloop.run_text

@@ -10,14 +10,14 @@ its Retry-After, so every worker's next call waits it out.
 No tenant data: a limit belongs to the model account all tenants' runs share. Nothing is
 granted to the application role.
 
-Revision ID: 0035
-Revises: 0034
+Revision ID: 0030
+Revises: 0029
 """
 
 from alembic import op
 
-revision = "0035"
-down_revision = "0034"
+revision = "0030"
+down_revision = "0029"
 branch_labels = None
 depends_on = None
 

@@ -14,13 +14,13 @@ below answers one page as a range scan of `limit` entries, whatever the history'
 about a second per 300,000 runs on a small machine. A team with a large history can build the
 three indexes CONCURRENTLY beforehand under these names; `IF NOT EXISTS` then skips them.
 
-Revision ID: 0030
+Revision ID: 0028
 Revises: 0027
 """
 
 from alembic import op
 
-revision = "0030"
+revision = "0028"
 down_revision = "0027"
 branch_labels = None
 depends_on = None

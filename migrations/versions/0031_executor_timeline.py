@@ -10,14 +10,14 @@ another timeline than the server's names that worker's runs in `run_rewound` too
 writes may have been delivered under a record the failover lost, so they are found again by
 their key before any send.
 
-Revision ID: 0033
+Revision ID: 0031
 Revises: 0027
 """
 
 from alembic import op
 
-revision = "0033"
-down_revision = "0035"
+revision = "0031"
+down_revision = "0030"
 branch_labels = None
 depends_on = None
 

@@ -11,14 +11,14 @@ so `ledgerloop schedules list` and the HTTP API show it without the agent's modu
 belongs to a tenant (the runs it makes do), so it is scoped like the other tenant tables
 (migration 0024); nothing is granted to the application role.
 
-Revision ID: 0034
+Revision ID: 0029
 Revises: 0027
 """
 
 from alembic import op
 
-revision = "0034"
-down_revision = "0030"
+revision = "0029"
+down_revision = "0028"
 branch_labels = None
 depends_on = None
 

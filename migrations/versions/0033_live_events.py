@@ -27,13 +27,13 @@ loses nothing a stream promised. `attempt` counts the executions of a step that 
 client discards the partial text of the one before. Rows of finished runs are swept
 (streams/publish.py). Row-level security is forced like every tenant table.
 
-Revision ID: 0028
+Revision ID: 0033
 Revises: 0027
 """
 
 from alembic import op
 
-revision = "0028"
+revision = "0033"
 down_revision = "0032"
 branch_labels = None
 depends_on = None
