@@ -24,13 +24,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
+
+from dbos import DBOS
 
 from ledgerloop.agent import dbos_waiters
 from ledgerloop.agent.context import Message, RunContext
 from ledgerloop.agent.hibernation import wait_message
 from ledgerloop.agent.stepping import CODE_STEP, pooled, pooled_autocommit, run_step
 from ledgerloop.db.sql import load_queries
+from ledgerloop.failures import retry_transient
 from ledgerloop.runs.messages import (
     MESSAGE_TOPIC,
     run_message_pending,
@@ -64,7 +67,7 @@ class _Inbox:
     async def due(self, run: RunContext, name: str) -> bool:
         if self.resumed:
             if self.journal is None:
-                self.journal = await asyncio.to_thread(_journal, self.run_id)
+                self.journal = await asyncio.to_thread(_transient_safe(_journal), self.run_id)
             end, taken_at = self.journal
             if name in taken_at:
                 return True
@@ -78,10 +81,24 @@ class _Inbox:
             self.checked = True
             return bool(
                 await asyncio.to_thread(
-                    pooled_autocommit(run_message_pending), run.run_id, list(run.messages_taken)
+                    _transient_safe(pooled_autocommit(run_message_pending)),
+                    run.run_id,
+                    list(run.messages_taken),
                 )
             )
         return False
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _transient_safe(fn: Callable[P, R]) -> Callable[P, R]:
+    """A read between steps, outside any step's retry: a database away for a while (a
+    restart, a failover) is waited out within the step retry budget, as in a step, instead of
+    failing the run."""
+    budget = get_runtime().settings.step_retry_budget_s
+    return retry_transient(fn, budget, f"run {DBOS.workflow_id} reading its messages")
 
 
 _inbox: contextvars.ContextVar[_Inbox | None] = contextvars.ContextVar(
