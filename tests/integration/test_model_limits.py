@@ -131,14 +131,16 @@ def test_the_scripted_server_enforces_a_limit() -> None:
         )
 
         async def calls() -> None:
-            for i in range(3):
-                await ask(client, f"call {i}")
-            with pytest.raises(anthropic.RateLimitError) as refused:
-                await client._send(
-                    {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
-                )
-            assert 55 <= int(refused.value.response.headers["retry-after"]) <= 60
-            await client.close()
+            try:
+                for i in range(3):
+                    await ask(client, f"call {i}")
+                one = {"role": "user", "content": "x"}
+                request = {"model": "m", "max_tokens": 1, "messages": [one]}
+                with pytest.raises(anthropic.RateLimitError) as refused:
+                    await client._send(request, None)
+                assert 55 <= int(refused.value.response.headers["retry-after"]) <= 60
+            finally:
+                await client.close()
 
         asyncio.run(calls())
     assert [r["outcome"] for r in server.requests()][-1] == "rate_limited"

@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from ledgerloop.agent.definition import Agent
-from ledgerloop.agent.steps import READ_CACHE, READ_CACHE_ENTRIES, ReadCache
+from ledgerloop.agent.read_cache import READ_CACHE, READ_CACHE_ENTRIES, ReadCache
 from ledgerloop.config import load_settings
 from ledgerloop.errors import ConfigError
 from ledgerloop.models.client import Tier, make_model_client
