@@ -46,7 +46,9 @@ def _settled(conn: Conn, run_id: uuid.UUID) -> Any:
         lambda: (
             (r := run_require(conn, run_id)).status in (RunStatus.FAILED, RunStatus.CANCELLED) and r
         ),
-        timeout=10,
+        # An idle sweeper backs off (ledgerloop/idle.py) and the wake-up comes from a timer:
+        # a loaded machine takes longer than a quiet one, the outcome is the same.
+        timeout=30,
     )
     return run
 
